@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# model-test itself: passes against nbdkit's memory plugin, and reports
+# mismatches against the null plugin (which discards writes) and when
+# --self-test corrupts its reference.  Needs no plug plugin.
+source ./functions.sh
+set -e
+set -x
+
+requires nbdkit --version
+requires nbdkit memory --version
+requires nbdkit null --version
+requires test -x "$MODEL"
+plug_tmpdir
+
+nbdkit -U - memory 16M \
+       --run '$MODEL --uri "$uri" --connections 4 --qd 32 --ops 1000 \
+                     --seed 1 --boundary 3M --boundary 8M --verify-all'
+
+# null discards writes: reads return zeros, model-test must fail.
+if nbdkit -U - null 16M \
+          --run '$MODEL --uri "$uri" --connections 2 --ops 200 --seed 1' \
+          > "$tmp/null.out" 2>&1; then
+  cat "$tmp/null.out"
+  echo "$0: model-test passed against the null plugin"
+  exit 1
+fi
+grep '^MISMATCH: .* expected .* got 0x00' "$tmp/null.out"
+grep 'the data read is zeros' "$tmp/null.out"
+grep 'FAIL$' "$tmp/null.out"
+
+# --self-test flips one reference byte under an in-flight read.
+if nbdkit -U - memory 16M \
+          --run '$MODEL --uri "$uri" --ops 400 --seed 5 --self-test' \
+          > "$tmp/self.out" 2>&1; then
+  cat "$tmp/self.out"
+  echo "$0: model-test --self-test passed"
+  exit 1
+fi
+cat "$tmp/self.out"
+grep '^MISMATCH: conn 0 op #[0-9]* read' "$tmp/self.out"
