@@ -1,0 +1,351 @@
+/* backing.c: I/O on one backing file.  See backing.h. */
+
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#ifdef HAVE_LINUX_FS_H
+#include <linux/fs.h>
+#endif
+#ifdef HAVE_LINUX_FALLOC_H
+#include <linux/falloc.h>
+#endif
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "backing.h"
+#include "minmax.h"
+#include "plugin.h"
+
+int
+backing_open (struct backing *b, const char *name, unsigned max_inflight)
+{
+  struct stat st;
+  int fd;
+  bool ro = false;
+
+  memset (b, 0, sizeof *b);
+  b->fd = -1;
+  fd = open (name, O_RDWR | O_CLOEXEC);
+  if (fd == -1 && (errno == EACCES || errno == EROFS || errno == EPERM)) {
+    fd = open (name, O_RDONLY | O_CLOEXEC);
+    ro = true;
+  }
+  if (fd == -1) {
+    nbdkit_error ("file=%s: open: %m", name);
+    return -1;
+  }
+  if (fstat (fd, &st) == -1) {
+    nbdkit_error ("file=%s: fstat: %m", name);
+    goto err;
+  }
+  if (S_ISBLK (st.st_mode)) {
+    off_t end = lseek (fd, 0, SEEK_END);
+
+    if (end == -1) {
+      nbdkit_error ("file=%s: lseek: %m", name);
+      goto err;
+    }
+    b->size = end;
+    b->is_block = true;
+  }
+  else if (S_ISREG (st.st_mode))
+    b->size = st.st_size;
+  else {
+    nbdkit_error ("file=%s: not a regular file or block device%s", name,
+                  S_ISDIR (st.st_mode) ? " (it is a directory)" : "");
+    goto err;
+  }
+
+  b->name = name;
+  b->fd = fd;
+  b->readonly = ro;
+  b->max_inflight = max_inflight;
+  b->can_punch = true;
+  b->can_zero_range = true;
+  pthread_mutex_init (&b->lock, NULL);
+  return 0;
+
+ err:
+  close (fd);
+  return -1;
+}
+
+void
+backing_close (struct backing *b)
+{
+  if (b->fd >= 0) {
+    close (b->fd);
+    pthread_mutex_destroy (&b->lock);
+  }
+  b->fd = -1;
+}
+
+unsigned
+backing_reserve (struct backing *b, unsigned want)
+{
+  unsigned got;
+
+  pthread_mutex_lock (&b->lock);
+  got = MIN (want, b->max_inflight - b->inflight);
+  b->inflight += got;
+  pthread_mutex_unlock (&b->lock);
+  return got;
+}
+
+void
+backing_release (struct backing *b, unsigned n)
+{
+  pthread_mutex_lock (&b->lock);
+  b->inflight -= n;
+  pthread_mutex_unlock (&b->lock);
+}
+
+/* pwritev until everything is written: a short write is not an error. */
+static int
+write_iov (int fd, struct iovec *iov, int iovcnt, uint64_t offset)
+{
+  while (iovcnt > 0) {
+    ssize_t r = pwritev (fd, iov, iovcnt, offset);
+
+    if (r == -1) {
+      if (errno == EINTR)
+        continue;
+      return -1;
+    }
+    offset += r;
+    while (iovcnt > 0 && (size_t) r >= iov->iov_len) {
+      r -= iov->iov_len;
+      iov++;
+      iovcnt--;
+    }
+    if (iovcnt > 0) {
+      iov->iov_base = (char *) iov->iov_base + r;
+      iov->iov_len -= r;
+    }
+  }
+  return 0;
+}
+
+static int
+write_run (struct backing *b, const struct plug_run *run)
+{
+  struct iovec *iov;
+  size_t i;
+  int r, err;
+
+  /* This allocation is one of the plug's real "not now" sources: with
+   * no memory for the iovec the run is requeued, not failed (ENOMEM is
+   * transient, see retry_is_transient).
+   */
+  iov = malloc (run->n * sizeof *iov);
+  if (iov == NULL)
+    return -1;
+  for (i = 0; i < run->n; ++i) {
+    iov[i].iov_base = (void *) run->reqs[i]->buf;
+    iov[i].iov_len = run->reqs[i]->count;
+  }
+  r = write_iov (b->fd, iov, run->n, run->offset);
+  err = errno;
+  free (iov);
+  errno = err;
+  return r;
+}
+
+/* Write zeroes the slow way (no fallocate): a shared zero buffer. */
+static int
+write_zeroes (struct backing *b, uint64_t offset, uint64_t count)
+{
+  static const char zero[65536];
+
+  while (count > 0) {
+    struct iovec iov = { (void *) zero, MIN (count, sizeof zero) };
+    if (write_iov (b->fd, &iov, 1, offset) == -1)
+      return -1;
+    offset += iov.iov_len;
+    count -= iov.iov_len;
+  }
+  return 0;
+}
+
+static bool
+not_supported (int err)
+{
+  return err == EOPNOTSUPP || err == ENOTSUP || err == ENOSYS ||
+    err == EINVAL || err == ENODEV;
+}
+
+/* fallocate mode, or -1 with errno if the file cannot do it. */
+static int
+try_fallocate (struct backing *b, bool *flag, int mode,
+               uint64_t offset, uint64_t count)
+{
+  if (!__atomic_load_n (flag, __ATOMIC_RELAXED)) {
+    errno = EOPNOTSUPP;
+    return -1;
+  }
+  if (fallocate (b->fd, mode, offset, count) == 0)
+    return 0;
+  if (not_supported (errno)) {
+    __atomic_store_n (flag, false, __ATOMIC_RELAXED);
+    errno = EOPNOTSUPP;
+  }
+  return -1;
+}
+
+static int
+zero_run (struct backing *b, const struct plug_run *run)
+{
+  bool fast = run->flags & PLUG_F_FAST;
+
+  /* NBD: a zero may punch a hole unless NO_HOLE was set, as long as it
+   * reads back as zeroes.
+   */
+  if ((run->flags & PLUG_F_MAY_TRIM) &&
+      try_fallocate (b, &b->can_punch,
+                     FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                     run->offset, run->count) == 0)
+    return 0;
+  if (try_fallocate (b, &b->can_zero_range,
+                     FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
+                     run->offset, run->count) == 0)
+    return 0;
+  if (errno != EOPNOTSUPP)
+    return -1;
+#ifdef BLKZEROOUT
+  if (b->is_block && !fast) {
+    uint64_t range[2] = { run->offset, run->count };
+    if (ioctl (b->fd, BLKZEROOUT, range) == 0)
+      return 0;
+  }
+#endif
+  /* Fast zero: "MUST fail quickly with NBD_ENOTSUP unless the request
+   * can be serviced in less time than a corresponding NBD_CMD_WRITE".
+   */
+  if (fast) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  return write_zeroes (b, run->offset, run->count);
+}
+
+static int
+trim_run (struct backing *b, const struct plug_run *run)
+{
+  /* A trim is advisory (the client must not assume anything about the
+   * bytes afterwards): if the file cannot punch holes, do nothing.
+   */
+  if (try_fallocate (b, &b->can_punch,
+                     FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                     run->offset, run->count) == 0 || errno == EOPNOTSUPP)
+    return 0;
+  return -1;
+}
+
+int
+backing_issue_run (struct backing *b, const struct plug_run *run)
+{
+  switch (run->op) {
+  case PLUG_OP_WRITE: return write_run (b, run);
+  case PLUG_OP_ZERO: return zero_run (b, run);
+  case PLUG_OP_TRIM: return trim_run (b, run);
+  }
+  abort ();
+}
+
+int
+backing_pread (struct backing *b, void *buf, uint64_t count, uint64_t offset)
+{
+  char *p = buf;
+
+  while (count > 0) {
+    ssize_t r = pread (b->fd, p, count, offset);
+
+    if (r == -1) {
+      if (errno == EINTR)
+        continue;
+      return -1;
+    }
+    if (r == 0) {
+      /* The file shrank under us: a real error, never silent zeroes. */
+      errno = EIO;
+      return -1;
+    }
+    p += r;
+    offset += r;
+    count -= r;
+  }
+  return 0;
+}
+
+int
+backing_sync (struct backing *b)
+{
+  if (b->readonly)
+    return 0;
+  return fdatasync (b->fd);
+}
+
+int
+backing_cache (struct backing *b, uint64_t count, uint64_t offset)
+{
+  int r = posix_fadvise (b->fd, offset, count, POSIX_FADV_WILLNEED);
+
+  if (r != 0) {
+    errno = r;
+    return -1;
+  }
+  return 0;
+}
+
+int
+backing_extent (struct backing *b, uint64_t offset, uint64_t count,
+                uint64_t *len, bool *hole)
+{
+  off_t data, next;
+
+  if (b->is_block) {
+    *hole = false;
+    *len = count;
+    return 0;
+  }
+  data = lseek (b->fd, offset, SEEK_DATA);
+  if (data == -1) {
+    if (errno == ENXIO) {       /* Only a hole up to the end. */
+      *hole = true;
+      *len = count;
+      return 0;
+    }
+    if (errno == EINVAL || errno == EOPNOTSUPP) {
+      *hole = false;            /* No SEEK_DATA: all data. */
+      *len = count;
+      return 0;
+    }
+    return -1;
+  }
+  if ((uint64_t) data > offset) {
+    *hole = true;
+    *len = MIN ((uint64_t) data - offset, count);
+    return 0;
+  }
+  next = lseek (b->fd, offset, SEEK_HOLE);
+  if (next == -1)
+    return -1;
+  *hole = false;
+  *len = MIN ((uint64_t) next - offset, count);
+  if (*len == 0)
+    *len = count;
+  return 0;
+}

@@ -1,0 +1,74 @@
+/* backing.h: one backing file (regular file or block device).
+ *
+ * The backing files are global: every connection's loop thread writes
+ * to them and every worker thread reads them.  pread/pwrite on one fd
+ * are safe from many threads, so the only shared mutable state is the
+ * in-flight slot count, under `lock`.
+ *
+ * In-flight slots are a real resource limit (max-inflight=): when all
+ * of a file's slots are taken by other connections' dispatches,
+ * backing_reserve() says "not now" (0 slots) and the caller delays that
+ * file's queue, as a blk-mq driver returns BLK_STS_RESOURCE when it has
+ * no tag left.
+ */
+#ifndef NBDPLUG_BACKING_H
+#define NBDPLUG_BACKING_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "plug.h"
+
+struct backing {
+  /* Read-only after plugin_get_ready. */
+  const char *name;             /* Owned by nbdkit (config string) or
+                                 * nbdkit_realpath result: freed at unload. */
+  int fd;
+  uint64_t size;
+  bool is_block;                /* Block device (BLKZEROOUT etc.). */
+  bool readonly;                /* Could only be opened O_RDONLY. */
+
+  /* Protected by lock. */
+  pthread_mutex_t lock;
+  unsigned inflight;            /* Slots taken. */
+  unsigned max_inflight;
+
+  /* Atomic: learnt at run time, only ever cleared. */
+  bool can_punch;               /* fallocate PUNCH_HOLE works. */
+  bool can_zero_range;          /* fallocate ZERO_RANGE works. */
+};
+
+/* Open the file (O_RDWR, or O_RDONLY if it cannot be written) and find
+ * its size.  Returns 0, or -1 after nbdkit_error naming the file.
+ */
+extern int backing_open (struct backing *b, const char *name,
+                         unsigned max_inflight);
+extern void backing_close (struct backing *b);
+
+/* Take up to `want` in-flight slots under one acquisition of the lock.
+ * Returns how many were taken: 0 means "not now".
+ */
+extern unsigned backing_reserve (struct backing *b, unsigned want);
+extern void backing_release (struct backing *b, unsigned n);
+
+/* Issue one run.  Returns 0, or -1 with errno (EAGAIN/ENOMEM: not now;
+ * ENOTSUP: a fast zero that cannot be fast; other: real error).
+ * Context: a connection's loop thread.
+ */
+extern int backing_issue_run (struct backing *b, const struct plug_run *run);
+
+/* Worker-side operations (no slots: reads never sit in a plug). */
+extern int backing_pread (struct backing *b, void *buf, uint64_t count,
+                          uint64_t offset);
+extern int backing_sync (struct backing *b);
+extern int backing_cache (struct backing *b, uint64_t count,
+                          uint64_t offset);
+
+/* Is [offset, offset+count) data or a hole?  Sets *len to the length of
+ * the leading extent of one kind and *hole.  Returns 0 or -1 with errno.
+ */
+extern int backing_extent (struct backing *b, uint64_t offset,
+                           uint64_t count, uint64_t *len, bool *hole);
+
+#endif /* NBDPLUG_BACKING_H */

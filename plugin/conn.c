@@ -1,0 +1,589 @@
+/* conn.c: connection lifecycle and the worker-thread side.
+ *
+ * Worker threads (nbdkit's) only: build a request, take c->lock,
+ * append it to the submission queue and the dirty list, drop the lock,
+ * ev_async_send, and wait on their own semaphore if they must.  All
+ * plugging decisions happen in the loop thread (loop.c).
+ */
+
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <ev.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "backing.h"
+#include "cleanup.h"
+#include "conn.h"
+#include "layout.h"
+#include "minmax.h"
+#include "plugin.h"
+
+/* Acknowledged-but-not-completed requests allowed per connection in
+ * writeback mode, beyond which a submitter waits: zeros and trims carry
+ * no data, so max-bytes alone would not bound them.
+ */
+#define ASYNC_PER_MAX_REQUEST 4
+
+static uint64_t next_conn_id;
+
+static pthread_mutex_t conns_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t conns_cond = PTHREAD_COND_INITIALIZER;
+static struct conn *conns;              /* Protected by conns_lock. */
+static size_t nr_conns;                 /* Protected by conns_lock. */
+
+static int submit (struct conn *c, struct request *r, bool wait);
+static int sync_backings (struct conn *c, const bool *which);
+static struct request *request_new (enum req_kind kind, enum plug_op op,
+                                    uint64_t offset, uint64_t count);
+
+static void
+conns_register (struct conn *c)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&conns_lock);
+  c->reg_next = conns;
+  conns = c;
+  nr_conns++;
+}
+
+/* Leave the registry.  Blocks while conns_drain_all is draining. */
+static void
+conns_unregister (struct conn *c)
+{
+  struct conn **pp;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&conns_lock);
+
+  for (pp = &conns; *pp; pp = &(*pp)->reg_next)
+    if (*pp == c) {
+      *pp = c->reg_next;
+      break;
+    }
+}
+
+static void
+conns_closed (void)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&conns_lock);
+  nr_conns--;
+  pthread_cond_broadcast (&conns_cond);
+}
+
+size_t
+conns_open (void)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&conns_lock);
+  return nr_conns;
+}
+
+void
+conns_drain_all (uint64_t timeout_ns, struct plug_stats *live)
+{
+  struct conn *c;
+  struct timespec deadline;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&conns_lock);
+
+  for (c = conns; c != NULL; c = c->reg_next) {
+    struct request *r = request_new (REQ_FLUSH, PLUG_OP_WRITE, 0, 0);
+
+    if (r == NULL || submit (c, r, true) == -1 ||
+        sync_backings (c, NULL) == -1)
+      nbdkit_error ("server exit: connection %" PRIu64
+                    ": could not write out held data: %m", c->id);
+  }
+  clock_gettime (CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += timeout_ns / 1000000000;
+  deadline.tv_nsec += timeout_ns % 1000000000;
+  if (deadline.tv_nsec >= 1000000000) {
+    deadline.tv_sec++;
+    deadline.tv_nsec -= 1000000000;
+  }
+  while (nr_conns > 0 &&
+         pthread_cond_timedwait (&conns_cond, &conns_lock, &deadline) == 0)
+    ;
+  for (c = conns; c != NULL; c = c->reg_next)
+    stats_merge (live, &c->stats);
+}
+
+struct conn *
+conn_open (void)
+{
+  struct conn *c;
+  sigset_t all, old;
+  int err;
+
+  c = calloc (1, sizeof *c);
+  if (c == NULL) {
+    nbdkit_error ("calloc: %m");
+    return NULL;
+  }
+  c->id = __atomic_add_fetch (&next_conn_id, 1, __ATOMIC_RELAXED);
+  c->stats.connections = 1;
+  pthread_mutex_init (&c->lock, NULL);
+  c->queue_tail = &c->queue_head;
+  if (plug_init (&c->plug, &cfg.lim, nr_backings) == -1) {
+    nbdkit_error ("plug_init: %m");
+    goto err_lock;
+  }
+  c->bq = calloc (nr_backings, sizeof *c->bq);
+  if (c->bq == NULL) {
+    nbdkit_error ("calloc: %m");
+    goto err_plug;
+  }
+
+  /* Never the default loop: it installs a SIGCHLD handler and reaps
+   * every child, which would break nbdkit --run (ev.pod).  NOSIGMASK:
+   * libev must not change the signal mask of a threaded program; the
+   * loop thread blocks all signals itself below.
+   */
+  c->loop = ev_loop_new (EVFLAG_AUTO | EVFLAG_NOSIGMASK);
+  if (c->loop == NULL) {
+    nbdkit_error ("ev_loop_new failed");
+    goto err_bq;
+  }
+  ev_set_userdata (c->loop, c);
+  ev_async_init (&c->wakeup, wakeup_cb);
+  ev_async_start (c->loop, &c->wakeup);
+  ev_init (&c->plug_timer, plug_timer_cb);
+  ev_init (&c->retry_timer, retry_timer_cb);
+
+  /* Signals go to nbdkit's threads, never to the loop thread. */
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &old);
+  err = pthread_create (&c->thread, NULL, loop_thread, c);
+  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  if (err != 0) {
+    errno = err;
+    nbdkit_error ("pthread_create: %m");
+    goto err_loop;
+  }
+  conns_register (c);
+  return c;
+
+ err_loop:
+  ev_loop_destroy (c->loop);
+ err_bq:
+  free (c->bq);
+ err_plug:
+  plug_free (&c->plug);
+ err_lock:
+  pthread_mutex_destroy (&c->lock);
+  free (c);
+  return NULL;
+}
+
+void
+conn_close (struct conn *c)
+{
+  size_t b;
+  char *line;
+
+  conns_unregister (c);
+  {
+    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&c->lock);
+    c->closing = true;
+  }
+  ev_async_send (c->loop, &c->wakeup);
+  pthread_join (c->thread, NULL);
+
+  if (plug_debug_stats && (line = stats_line (&c->stats)) != NULL) {
+    nbdkit_debug ("connection %" PRIu64 ": %s", c->id, line);
+    free (line);
+  }
+  stats_publish (&c->stats);
+
+  /* The loop thread has stopped its watchers and drained everything. */
+  ev_loop_destroy (c->loop);
+  for (b = 0; b < nr_backings; ++b)
+    plug_run_vector_reset (&c->bq[b].runs);
+  free (c->bq);
+  plug_free (&c->plug);
+  pthread_mutex_destroy (&c->lock);
+  free (c);
+  conns_closed ();
+}
+
+void
+request_free (struct request *r)
+{
+  free (r->copy);
+  free (r);
+}
+
+/* A request for the export range [offset, offset+count), with one
+ * plug_req per backing-file piece.  Returns NULL after nbdkit_error.
+ */
+static struct request *
+request_new (enum req_kind kind, enum plug_op op, uint64_t offset,
+             uint64_t count)
+{
+  struct layout_iter it;
+  struct layout_piece piece;
+  struct request *r;
+  size_t n = 0, i = 0;
+
+  /* nbdkit checks bounds too, but the layout never trusts its caller. */
+  if (layout_iter_init (&it, &layout, offset, count) == -1) {
+    nbdkit_error ("request beyond the end of the export: offset %" PRIu64
+                  " count %" PRIu64 " size %" PRIu64,
+                  offset, count, layout.size);
+    errno = EINVAL;
+    return NULL;
+  }
+  if (kind == REQ_MUTATE)
+    while (layout_iter_next (&it, &piece))
+      n++;
+
+  r = calloc (1, sizeof *r + n * sizeof r->pieces[0]);
+  if (r == NULL) {
+    nbdkit_error ("calloc: %m");
+    return NULL;
+  }
+  r->kind = kind;
+  r->op = op;
+  r->offset = offset;
+  r->count = count;
+  r->arrival_ns = now_ns ();
+  r->nr_pieces = n;
+
+  layout_iter_init (&it, &layout, offset, count);
+  while (i < n && layout_iter_next (&it, &piece)) {
+    struct plug_req *p = &r->pieces[i++];
+
+    p->op = op;
+    p->backing = piece.backing;
+    p->offset = piece.offset;
+    p->count = piece.count;
+    p->arrival_ns = r->arrival_ns;
+    p->opaque = r;
+    /* buf_offset is stashed in buf until the data pointer is known. */
+    p->buf = (const void *) (uintptr_t) piece.buf_offset;
+  }
+  return r;
+}
+
+/* Point each piece at its slice of the request's data. */
+static void
+request_set_data (struct request *r, const char *data)
+{
+  size_t i;
+
+  for (i = 0; i < r->nr_pieces; ++i)
+    r->pieces[i].buf = data + (uintptr_t) r->pieces[i].buf;
+}
+
+static bool
+overlaps (uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
+{
+  return a < b + blen && b < a + alen;
+}
+
+static void
+dirty_insert_locked (struct conn *c, struct request *r)
+{
+  r->dprev = NULL;
+  r->dnext = c->dirty;
+  if (c->dirty)
+    c->dirty->dprev = r;
+  c->dirty = r;
+}
+
+static bool
+dirty_overlaps_locked (struct conn *c, uint64_t offset, uint64_t count)
+{
+  const struct request *d;
+
+  for (d = c->dirty; d != NULL; d = d->dnext)
+    if (overlaps (d->offset, d->count, offset, count))
+      return true;
+  return false;
+}
+
+void
+conn_retire (struct conn *c, struct request *r)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&c->lock);
+
+  if (r->kind == REQ_MUTATE) {
+    if (r->dprev)
+      r->dprev->dnext = r->dnext;
+    else
+      c->dirty = r->dnext;
+    if (r->dnext)
+      r->dnext->dprev = r->dprev;
+    r->dprev = r->dnext = NULL;
+  }
+  c->held_bytes -= r->charged;
+  if (r->async)
+    c->nr_async--;
+}
+
+/* Hand r to the loop.  If `wait`, or if writeback memory is at its
+ * bound, block until the loop completes it.  r belongs to the loop
+ * from here on.  Returns 0, or -1 with errno set (the loop's error).
+ */
+static int
+submit (struct conn *c, struct request *r, bool wait)
+{
+  struct waiter w;
+  bool closing;
+
+  w.err = 0;
+  if (sem_init (&w.done, 0, 0) == -1) {
+    nbdkit_error ("sem_init: %m");
+    request_free (r);
+    return -1;
+  }
+  {
+    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&c->lock);
+    closing = c->closing;
+    if (!closing) {
+      /* "At the bound the submitter waits for an unplug, it is never
+       * refused": a writeback request that would pass max-bytes (or the
+       * async count bound) becomes a waiting one.
+       */
+      if (!wait && r->kind == REQ_MUTATE &&
+          (c->held_bytes + r->charged > cfg.lim.max_bytes ||
+           c->nr_async >= ASYNC_PER_MAX_REQUEST * cfg.lim.max_requests))
+        wait = true;
+      if (wait)
+        r->waiter = &w;
+      else if (r->kind == REQ_MUTATE) {
+        r->async = true;
+        c->nr_async++;
+      }
+      c->held_bytes += r->charged;
+      if (r->kind == REQ_MUTATE)
+        dirty_insert_locked (c, r);
+      r->next = NULL;
+      *c->queue_tail = r;
+      c->queue_tail = &r->next;
+    }
+  }
+  if (closing) {
+    sem_destroy (&w.done);
+    request_free (r);
+    errno = ESHUTDOWN;
+    nbdkit_error ("connection is closing");
+    return -1;
+  }
+  ev_async_send (c->loop, &c->wakeup);
+  if (!wait) {
+    sem_destroy (&w.done);
+    return 0;
+  }
+  while (sem_wait (&w.done) == -1 && errno == EINTR)
+    ;
+  sem_destroy (&w.done);
+  if (w.err) {
+    errno = w.err;
+    return -1;
+  }
+  return 0;
+}
+
+/* fdatasync the backing files marked in `which` (all if NULL). */
+static int
+sync_backings (struct conn *c, const bool *which)
+{
+  size_t b;
+
+  for (b = 0; b < nr_backings; ++b) {
+    if (which && !which[b])
+      continue;
+    stats_count (&c->stats.backend[STATS_B_SYNC], 0);
+    if (backing_sync (&backings[b]) == -1) {
+      nbdkit_error ("file=%s: fdatasync: %m", backings[b].name);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Submit a mutation.  A FUA one waits, then syncs the files it touched:
+ * NBD "MUST NOT send its reply ... until ... persisted".
+ */
+static int
+submit_mutation (struct conn *c, struct request *r, const char *what)
+{
+  CLEANUP_FREE bool *touched = NULL;
+  size_t i;
+  int ret;
+
+  if (r->fua) {
+    /* r belongs to the loop after submit: note the files first. */
+    touched = calloc (nr_backings, sizeof *touched);
+    if (touched == NULL) {
+      nbdkit_error ("calloc: %m");
+      request_free (r);
+      return -1;
+    }
+    for (i = 0; i < r->nr_pieces; ++i)
+      touched[r->pieces[i].backing] = true;
+  }
+  ret = submit (c, r, cfg.mode == MODE_HOLD || r->fua || r->fast);
+  if (ret == -1) {
+    /* A fast zero that cannot be fast is an answer, not a failure. */
+    if (errno != ENOTSUP)
+      nbdkit_error ("%s: %m", what);
+    return -1;
+  }
+  if (touched)
+    return sync_backings (c, touched);
+  return 0;
+}
+
+int
+conn_pwrite (struct conn *c, const void *buf, uint32_t count,
+             uint64_t offset, bool fua)
+{
+  struct request *r;
+
+  stats_count (&c->stats.client[STATS_C_WRITE], count);
+  if (fua)
+    stats_count (&c->stats.client[STATS_C_FUA], count);
+  r = request_new (REQ_MUTATE, PLUG_OP_WRITE, offset, count);
+  if (r == NULL)
+    return -1;
+  r->fua = fua;
+  if (cfg.mode == MODE_WRITEBACK) {
+    /* nbdkit reuses its buffer once we return (protocol.c), and in
+     * writeback mode we return before the data reaches the file.
+     */
+    r->copy = malloc (count);
+    if (r->copy == NULL) {
+      nbdkit_error ("malloc: %m");
+      request_free (r);
+      return -1;
+    }
+    memcpy (r->copy, buf, count);
+    r->charged = count;
+    request_set_data (r, r->copy);
+  }
+  else
+    request_set_data (r, buf);
+  return submit_mutation (c, r, "pwrite");
+}
+
+int
+conn_zero (struct conn *c, uint32_t count, uint64_t offset,
+           bool may_trim, bool fua, bool fast)
+{
+  struct request *r;
+  size_t i;
+
+  stats_count (&c->stats.client[STATS_C_ZERO], count);
+  if (fua)
+    stats_count (&c->stats.client[STATS_C_FUA], count);
+  r = request_new (REQ_MUTATE, PLUG_OP_ZERO, offset, count);
+  if (r == NULL)
+    return -1;
+  r->fua = fua;
+  r->fast = fast;
+  for (i = 0; i < r->nr_pieces; ++i) {
+    r->pieces[i].buf = NULL;
+    r->pieces[i].flags = (may_trim ? PLUG_F_MAY_TRIM : 0) |
+      (fast ? PLUG_F_FAST : 0);
+  }
+  return submit_mutation (c, r, "zero");
+}
+
+int
+conn_trim (struct conn *c, uint32_t count, uint64_t offset, bool fua)
+{
+  struct request *r;
+  size_t i;
+
+  stats_count (&c->stats.client[STATS_C_TRIM], count);
+  if (fua)
+    stats_count (&c->stats.client[STATS_C_FUA], count);
+  r = request_new (REQ_MUTATE, PLUG_OP_TRIM, offset, count);
+  if (r == NULL)
+    return -1;
+  r->fua = fua;
+  for (i = 0; i < r->nr_pieces; ++i)
+    r->pieces[i].buf = NULL;
+  return submit_mutation (c, r, "trim");
+}
+
+int
+conn_flush (struct conn *c)
+{
+  struct request *r;
+
+  stats_count (&c->stats.client[STATS_C_FLUSH], 0);
+  r = request_new (REQ_FLUSH, PLUG_OP_WRITE, 0, 0);
+  if (r == NULL)
+    return -1;
+  /* NBD: "all write requests for which a reply has already been sent"
+   * must be on permanent storage: first the loop writes out every plug
+   * and queue of this connection, then we fdatasync every file (which
+   * also covers writes other connections completed: multi-conn).
+   */
+  if (submit (c, r, true) == -1) {
+    nbdkit_error ("flush: %m");
+    return -1;
+  }
+  return sync_backings (c, NULL);
+}
+
+int
+conn_barrier (struct conn *c, uint64_t offset, uint64_t count)
+{
+  struct request *r;
+  bool dirty;
+
+  {
+    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&c->lock);
+    dirty = dirty_overlaps_locked (c, offset, count);
+  }
+  if (!dirty)
+    return 0;
+  r = request_new (REQ_BARRIER, PLUG_OP_WRITE, offset, count);
+  if (r == NULL)
+    return -1;
+  if (submit (c, r, true) == -1) {
+    nbdkit_error ("waiting for held writes before reading: %m");
+    return -1;
+  }
+  return 0;
+}
+
+int
+conn_pread (struct conn *c, void *buf, uint32_t count, uint64_t offset)
+{
+  struct layout_iter it;
+  struct layout_piece p;
+
+  stats_count (&c->stats.client[STATS_C_READ], count);
+  if (layout_iter_init (&it, &layout, offset, count) == -1) {
+    nbdkit_error ("pread beyond the end of the export: offset %" PRIu64
+                  " count %" PRIu32, offset, count);
+    return -1;
+  }
+  /* A read never returns stale data: wait for any held or in-flight
+   * write of this connection that overlaps it.
+   */
+  if (conn_barrier (c, offset, count) == -1)
+    return -1;
+  while (layout_iter_next (&it, &p)) {
+    stats_count (&c->stats.backend[STATS_B_READ], p.count);
+    if (backing_pread (&backings[p.backing], (char *) buf + p.buf_offset,
+                       p.count, p.offset) == -1) {
+      nbdkit_error ("file=%s: pread: %m", backings[p.backing].name);
+      return -1;
+    }
+  }
+  return 0;
+}

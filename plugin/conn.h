@@ -1,0 +1,182 @@
+/* conn.h: one client connection: its plug, its loop thread, and the
+ * queue between nbdkit's worker threads and that loop.
+ *
+ * The path of a write (writeback mode): a worker copies the data into a
+ * struct request, appends it to the submission queue under c->lock,
+ * records its range in the dirty list (same critical section), kicks
+ * the loop with ev_async_send and returns.  The loop thread drains the
+ * queue into the plug (wakeup_cb), unplugs on a trigger, and completes
+ * requests as their runs reach the backing files.
+ *
+ * Who may touch what is written next to every field.  Worker threads
+ * only: lock, queue, dirty list, kick, wait on their waiter.  No other
+ * ev_* call from a worker.
+ *
+ * Error storage (writeback mode): a run that cannot be written after a
+ * real error, or after retry-timeout of "not now", stays held in its
+ * backing file's queue (struct bqueue, state BQ_FAILED); deferred_err
+ * remembers that it happened.  The next FLUSH reports EIO when either
+ * is set, and only a FLUSH after the data really reached the file can
+ * succeed.  This is the one place a deferred error lives.
+ */
+#ifndef NBDPLUG_CONN_H
+#define NBDPLUG_CONN_H
+
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <ev.h>
+
+#include "plug.h"
+#include "retry.h"
+#include "stats.h"
+
+enum req_kind {
+  REQ_MUTATE,                   /* write, zero or trim: enters the plug */
+  REQ_FLUSH,                    /* unplug, wait for the queues to drain */
+  REQ_BARRIER,                  /* a read/extents overlapping dirty data */
+};
+
+/* A worker that waits for its request: lives on the worker's stack. */
+struct waiter {
+  sem_t done;
+  int err;
+};
+
+struct request {
+  /* Set by the worker before submission; read-only afterwards. */
+  enum req_kind kind;
+  enum plug_op op;
+  bool fua;                     /* NBD_CMD_FLAG_FUA. */
+  bool fast;                    /* NBD_CMD_FLAG_FAST_ZERO. */
+  uint64_t offset;              /* Export range. */
+  uint64_t count;
+  uint64_t arrival_ns;
+  uint64_t charged;             /* Bytes counted in c->held_bytes. */
+  void *copy;                   /* Owned: the data copy (writeback), or
+                                 * NULL when buf is nbdkit's (hold). */
+
+  /* Protected by c->lock until the loop takes the queue, then loop
+   * thread only.
+   */
+  struct request *next;         /* Submission queue / parked list. */
+  struct waiter *waiter;        /* Borrowed from the waiting worker; NULL
+                                 * once posted or if nobody waits. */
+  bool async;                   /* Acknowledged at submission (counted
+                                 * in c->nr_async). */
+
+  /* Protected by c->lock: the dirty list readers check. */
+  struct request *dprev, *dnext;
+
+  /* Loop thread only. */
+  size_t pending;               /* Pieces not yet completed. */
+  int err;                      /* First error of any piece. */
+  bool failed;                  /* A piece is held after a failure. */
+  size_t nr_pieces;
+  struct plug_req pieces[];     /* One per backing-file piece. */
+};
+
+/* The runs of one backing file taken out of the plug and not yet
+ * completed, in order.  The blk-mq hctx dispatch list, per connection.
+ */
+enum bq_state {
+  BQ_OK,
+  BQ_DELAYED,                   /* "Not now": retry at next_ns. */
+  BQ_FAILED,                    /* Writeback: held after an error; retry
+                                 * at next_ns and at every FLUSH. */
+};
+
+struct bqueue {
+  plug_run_vector runs;         /* Owned runs; [0] is the head. */
+  size_t head;                  /* Index of the first live run. */
+  enum bq_state state;
+  struct retry_state retry;
+  uint64_t next_ns;             /* When a delayed/failed queue reruns. */
+  int err;                      /* Last error (BQ_FAILED). */
+};
+
+struct conn {
+  /* Protected by conns_lock (conn.c): the registry of open connections
+   * that .cleanup drains, because nbdkit 1.32 may run .cleanup and
+   * .unload while a connection thread has not reached .close yet.
+   */
+  struct conn *reg_next;
+
+  /* Read-only after conn_open. */
+  struct ev_loop *loop;
+  pthread_t thread;
+  uint64_t id;                  /* For log messages. */
+
+  /* Protected by lock. */
+  pthread_mutex_t lock;
+  struct request *queue_head, **queue_tail;
+  struct request *dirty;        /* Mutations not yet completed. */
+  uint64_t held_bytes;          /* Copied bytes not yet completed. */
+  uint64_t nr_async;            /* Acknowledged, not yet completed. */
+  bool closing;
+
+  /* Loop thread only. */
+  ev_async wakeup;              /* Kicked by worker threads. */
+  ev_timer plug_timer;          /* idle= and max-delay= deadlines. */
+  ev_timer retry_timer;         /* Delayed backing-file queues. */
+  struct plug plug;
+  struct bqueue *bq;            /* Owned: [nr_backings]. */
+  struct request *parked;       /* FLUSH and BARRIER waiting for queues. */
+  uint64_t last_activity_ns;    /* Last request taken from the queue. */
+  int deferred_err;             /* See the comment at the top. */
+
+  /* Atomic counters (any thread). */
+  struct plug_stats stats;
+};
+
+/* Open a connection: plug, loop, loop thread.  Returns NULL after
+ * nbdkit_error.  Context: nbdkit .open.
+ */
+extern struct conn *conn_open (void);
+
+/* Drain and stop: unplug, last attempt for delayed runs, join the loop
+ * thread, publish statistics, free.  Context: nbdkit .close (no worker
+ * of this connection is inside the plugin any more).
+ */
+extern void conn_close (struct conn *c);
+
+/* At server exit (.cleanup): write out every open connection's plug,
+ * sync the files, wait up to timeout_ns for the connections to close,
+ * and return the statistics of those still open (merged into *live).
+ */
+extern void conns_drain_all (uint64_t timeout_ns, struct plug_stats *live);
+
+/* How many connections have not finished .close.  Any thread. */
+extern size_t conns_open (void);
+
+/* Worker side (nbdkit callbacks).  Return 0, or -1 with errno set after
+ * nbdkit_error.
+ */
+extern int conn_pwrite (struct conn *c, const void *buf, uint32_t count,
+                        uint64_t offset, bool fua);
+extern int conn_zero (struct conn *c, uint32_t count, uint64_t offset,
+                      bool may_trim, bool fua, bool fast);
+extern int conn_trim (struct conn *c, uint32_t count, uint64_t offset,
+                      bool fua);
+extern int conn_flush (struct conn *c);
+extern int conn_pread (struct conn *c, void *buf, uint32_t count,
+                       uint64_t offset);
+/* Wait until [offset, offset+count) has no held or in-flight mutation
+ * (used before reads and extents).
+ */
+extern int conn_barrier (struct conn *c, uint64_t offset, uint64_t count);
+
+/* Loop side (loop.c). */
+extern void *loop_thread (void *vc);
+extern void wakeup_cb (struct ev_loop *loop, ev_async *w, int revents);
+extern void plug_timer_cb (struct ev_loop *loop, ev_timer *w, int revents);
+extern void retry_timer_cb (struct ev_loop *loop, ev_timer *w, int revents);
+
+/* Shared helpers. */
+extern void request_free (struct request *r);
+/* Remove r from the dirty list and uncharge it.  Takes c->lock. */
+extern void conn_retire (struct conn *c, struct request *r);
+
+#endif /* NBDPLUG_CONN_H */

@@ -1,0 +1,647 @@
+/* plugin.c: nbdkit glue: parameters, global state, callbacks.
+ *
+ * The callbacks are thin: reads, flushes and writes go to conn.c, which
+ * hands mutations to the connection's loop thread (loop.c).
+ */
+
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "backing.h"
+#include "cleanup.h"
+#include "conn.h"
+#include "layout.h"
+#include "minmax.h"
+#include "parse.h"
+#include "plugin.h"
+#include "vector.h"
+
+/* -D plug.stats=1: log each connection's statistics at close. */
+NBDKIT_DLL_PUBLIC int plug_debug_stats;
+/* -D plug.unplug=1: log every unplug (reason, requests, bytes, runs). */
+NBDKIT_DLL_PUBLIC int plug_debug_unplug;
+/* -D plug.inject_eagain=N: every Nth backend write/zero/trim fails with
+ * EAGAIN.  A testing aid: no nbdkit filter can inject EAGAIN, and the
+ * NBD protocol cannot carry it.
+ */
+NBDKIT_DLL_PUBLIC int plug_debug_inject_eagain;
+
+/* Defaults.  Each is explained in the man page, with its measurement. */
+#define DEFAULT_IDLE_NS           1000000ULL    /* 1 ms */
+#define DEFAULT_MAX_DELAY_NS     10000000ULL    /* 10 ms */
+/* Hold mode: below nbdkit's 16 worker threads, so a plug never waits
+ * for a request that no free thread can read (the all-parked deadlock).
+ */
+#define DEFAULT_MAX_REQUESTS_HOLD      15
+#define DEFAULT_MAX_REQUESTS_WRITEBACK 256
+#define DEFAULT_MAX_BYTES         (4 * 1024 * 1024)
+#define DEFAULT_MAX_MERGE         (1024 * 1024)
+#define DEFAULT_MAX_INFLIGHT           64
+/* blk-mq's BLK_MQ_RESOURCE_DELAY: rerun the queue 3 ms later. */
+#define DEFAULT_RETRY_DELAY_NS    3000000ULL
+#define DEFAULT_RETRY_MAX_DELAY_NS 100000000ULL  /* 100 ms */
+#define DEFAULT_RETRY_TIMEOUT_NS  10000000000ULL /* 10 s */
+
+struct config cfg = {
+  .mode = MODE_WRITEBACK,
+  .idle_ns = DEFAULT_IDLE_NS,
+  .max_delay_ns = DEFAULT_MAX_DELAY_NS,
+  .lim = {
+    .max_requests = 0,          /* Set by mode in config_complete. */
+    .max_bytes = DEFAULT_MAX_BYTES,
+    .max_merge = DEFAULT_MAX_MERGE,
+    .max_iov = IOV_MAX,
+  },
+  .max_inflight = DEFAULT_MAX_INFLIGHT,
+  .retry = {
+    .delay_ns = DEFAULT_RETRY_DELAY_NS,
+    .max_delay_ns = DEFAULT_RETRY_MAX_DELAY_NS,
+    .timeout_ns = DEFAULT_RETRY_TIMEOUT_NS,
+  },
+};
+struct layout layout;
+struct backing *backings;
+size_t nr_backings;
+
+DEFINE_VECTOR_TYPE (string_vector, char *)
+static string_vector files = empty_vector;   /* Owned: realpath copies. */
+static uint64_t stripe;
+static char *statsfile;                      /* Owned. */
+
+static pthread_mutex_t stats_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct plug_stats stats_total;        /* Protected by stats_lock. */
+static uint64_t inject_counter;              /* Atomic. */
+
+uint64_t
+now_ns (void)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000ULL + ts.tv_nsec;
+}
+
+bool
+inject_eagain (void)
+{
+  int n = plug_debug_inject_eagain;
+
+  return n > 0 &&
+    __atomic_add_fetch (&inject_counter, 1, __ATOMIC_RELAXED) % n == 0;
+}
+
+/* Write the totals to statsfile= atomically (temporary file + rename),
+ * so a reader never sees half a file.  Caller holds stats_lock.
+ */
+static void
+write_statsfile_locked (void)
+{
+  CLEANUP_FREE char *json = NULL, *tmp = NULL;
+  FILE *fp;
+
+  if (statsfile == NULL)
+    return;
+  json = stats_json (&stats_total, mode_name (cfg.mode));
+  if (json == NULL || asprintf (&tmp, "%s.tmp", statsfile) == -1) {
+    nbdkit_error ("statsfile=%s: %m", statsfile);
+    return;
+  }
+  fp = fopen (tmp, "w");
+  if (fp == NULL) {
+    nbdkit_error ("statsfile=%s: %m", tmp);
+    return;
+  }
+  if (fputs (json, fp) == EOF || fclose (fp) == EOF) {
+    nbdkit_error ("statsfile=%s: write: %m", tmp);
+    return;
+  }
+  if (rename (tmp, statsfile) == -1)
+    nbdkit_error ("statsfile=%s: rename: %m", statsfile);
+}
+
+void
+stats_publish (const struct plug_stats *conn_stats)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&stats_lock);
+  stats_merge (&stats_total, conn_stats);
+  write_statsfile_locked ();
+}
+
+/* nbdkit 1.32 can reach .cleanup while a connection thread is still
+ * between .finalize and .close (seen with --run: the process then
+ * exits without .close).  Write out every plug, then give connections a
+ * moment to close so that their statistics are in the totals.
+ */
+static void
+plugin_cleanup (void)
+{
+  struct plug_stats live = { 0 };
+
+  conns_drain_all (2000000000ULL, &live);
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&stats_lock);
+  if (live.connections > 0) {
+    struct plug_stats saved = stats_total;
+
+    stats_merge (&stats_total, &live);
+    write_statsfile_locked ();
+    stats_total = saved;
+  }
+}
+
+static void
+plugin_unload (void)
+{
+  size_t i;
+
+  /* A connection that outlived .cleanup's wait may still use the files
+   * (see plugin_cleanup): the process is exiting, leave them.
+   */
+  if (conns_open () > 0)
+    return;
+  for (i = 0; i < nr_backings; ++i)
+    backing_close (&backings[i]);
+  free (backings);
+  layout_free (&layout);
+  for (i = 0; i < files.len; ++i)
+    free (files.ptr[i]);
+  string_vector_reset (&files);
+  free (statsfile);
+}
+
+static int
+parse_duration_param (const char *key, const char *value, uint64_t *ns)
+{
+  if (parse_duration (value, ns) == -1) {
+    nbdkit_error ("%s=%s: expected a duration such as 3ms, 500us or 0.5s: "
+                  "%m", key, value);
+    return -1;
+  }
+  return 0;
+}
+
+static int
+parse_size_param (const char *key, const char *value, uint64_t *r,
+                  uint64_t min, uint64_t max)
+{
+  int64_t v = nbdkit_parse_size (value);
+
+  if (v == -1)
+    return -1;                  /* nbdkit_parse_size printed the error. */
+  if ((uint64_t) v < min || (uint64_t) v > max) {
+    nbdkit_error ("%s=%s: must be between %" PRIu64 " and %" PRIu64,
+                  key, value, min, max);
+    return -1;
+  }
+  *r = v;
+  return 0;
+}
+
+static int
+parse_count_param (const char *key, const char *value, unsigned *r,
+                   unsigned min, unsigned max)
+{
+  if (nbdkit_parse_unsigned (key, value, r) == -1)
+    return -1;
+  if (*r < min || *r > max) {
+    nbdkit_error ("%s=%s: must be between %u and %u", key, value, min, max);
+    return -1;
+  }
+  return 0;
+}
+
+static bool max_requests_set;
+
+static int
+plugin_config (const char *key, const char *value)
+{
+  if (strcmp (key, "file") == 0) {
+    /* Absolute now: nbdkit changes directory to / when it forks. */
+    char *path = nbdkit_realpath (value);
+
+    if (path == NULL)
+      return -1;
+    if (string_vector_append (&files, path) == -1) {
+      nbdkit_error ("realloc: %m");
+      free (path);
+      return -1;
+    }
+  }
+  else if (strcmp (key, "stripe") == 0) {
+    if (parse_size_param (key, value, &stripe, 512, UINT32_MAX) == -1)
+      return -1;
+  }
+  else if (strcmp (key, "mode") == 0) {
+    if (strcmp (value, "writeback") == 0)
+      cfg.mode = MODE_WRITEBACK;
+    else if (strcmp (value, "hold") == 0)
+      cfg.mode = MODE_HOLD;
+    else {
+      nbdkit_error ("mode=%s: expected writeback or hold", value);
+      return -1;
+    }
+  }
+  else if (strcmp (key, "idle") == 0)
+    return parse_duration_param (key, value, &cfg.idle_ns);
+  else if (strcmp (key, "max-delay") == 0) {
+    if (parse_duration_param (key, value, &cfg.max_delay_ns) == -1)
+      return -1;
+    if (cfg.max_delay_ns == 0) {
+      nbdkit_error ("max-delay=%s: must be greater than 0", value);
+      return -1;
+    }
+  }
+  else if (strcmp (key, "max-requests") == 0) {
+    unsigned n;
+
+    if (parse_count_param (key, value, &n, 1, 1 << 20) == -1)
+      return -1;
+    cfg.lim.max_requests = n;
+    max_requests_set = true;
+  }
+  else if (strcmp (key, "max-bytes") == 0)
+    return parse_size_param (key, value, &cfg.lim.max_bytes,
+                             1, UINT64_C (1) << 40);
+  else if (strcmp (key, "max-merge") == 0)
+    return parse_size_param (key, value, &cfg.lim.max_merge,
+                             512, UINT64_C (1) << 30);
+  else if (strcmp (key, "max-inflight") == 0)
+    return parse_count_param (key, value, &cfg.max_inflight, 1, 1 << 16);
+  else if (strcmp (key, "retry-delay") == 0) {
+    if (parse_duration_param (key, value, &cfg.retry.delay_ns) == -1)
+      return -1;
+    if (cfg.retry.delay_ns == 0) {
+      nbdkit_error ("retry-delay=%s: must be greater than 0 "
+                    "(a zero delay would spin)", value);
+      return -1;
+    }
+  }
+  else if (strcmp (key, "retry-max-delay") == 0)
+    return parse_duration_param (key, value, &cfg.retry.max_delay_ns);
+  else if (strcmp (key, "retry-timeout") == 0)
+    return parse_duration_param (key, value, &cfg.retry.timeout_ns);
+  else if (strcmp (key, "statsfile") == 0) {
+    /* The file need not exist yet: make the directory absolute. */
+    free (statsfile);
+    if (value[0] == '/')
+      statsfile = strdup (value);
+    else {
+      char cwd[PATH_MAX];
+      if (getcwd (cwd, sizeof cwd) == NULL ||
+          asprintf (&statsfile, "%s/%s", cwd, value) == -1)
+        statsfile = NULL;
+    }
+    if (statsfile == NULL) {
+      nbdkit_error ("statsfile=%s: %m", value);
+      return -1;
+    }
+  }
+  else {
+    nbdkit_error ("unknown parameter '%s' (see nbdkit plug --help)", key);
+    return -1;
+  }
+  return 0;
+}
+
+static int
+plugin_config_complete (void)
+{
+  if (files.len == 0) {
+    nbdkit_error ("no backing file given: use file=PATH "
+                  "(or just PATH), once per file");
+    return -1;
+  }
+  if (!max_requests_set)
+    cfg.lim.max_requests = cfg.mode == MODE_HOLD ?
+      DEFAULT_MAX_REQUESTS_HOLD : DEFAULT_MAX_REQUESTS_WRITEBACK;
+  if (cfg.retry.max_delay_ns < cfg.retry.delay_ns)
+    cfg.retry.max_delay_ns = cfg.retry.delay_ns;
+  cfg.statsfile = statsfile;
+  return 0;
+}
+
+/* Open the files and build the layout here, not in .config_complete:
+ * errors are still seen by the user, and --dump-plugin never opens them.
+ */
+static int
+plugin_get_ready (void)
+{
+  CLEANUP_FREE uint64_t *sizes = NULL;
+  enum layout_error why;
+  size_t i, bad;
+
+  backings = calloc (files.len, sizeof *backings);
+  sizes = calloc (files.len, sizeof *sizes);
+  if (backings == NULL || sizes == NULL) {
+    nbdkit_error ("calloc: %m");
+    return -1;
+  }
+  for (i = 0; i < files.len; ++i) {
+    if (backing_open (&backings[i], files.ptr[i], cfg.max_inflight) == -1)
+      return -1;
+    nr_backings++;
+    sizes[i] = backings[i].size;
+  }
+  if (layout_init (&layout, sizes, files.len, stripe, &why, &bad) == -1) {
+    if (errno != EINVAL)
+      nbdkit_error ("layout: %m");
+    else if (why == LAYOUT_EMPTY_FILE || why == LAYOUT_STRIPE_NOT_MULTIPLE ||
+             why == LAYOUT_STRIPE_UNEQUAL || why == LAYOUT_TOO_LARGE)
+      nbdkit_error ("file=%s: %s (size %" PRIu64 ", stripe=%" PRIu64 ")",
+                    files.ptr[bad], layout_strerror (why), sizes[bad],
+                    stripe);
+    else
+      nbdkit_error ("%s", layout_strerror (why));
+    return -1;
+  }
+  return 0;
+}
+
+static void
+plugin_dump_plugin (void)
+{
+  printf ("plug_mode_default=writeback\n");
+  printf ("plug_idle_default=1ms\n");
+  printf ("plug_max_delay_default=10ms\n");
+  printf ("plug_max_requests_default=%d(writeback),%d(hold)\n",
+          DEFAULT_MAX_REQUESTS_WRITEBACK, DEFAULT_MAX_REQUESTS_HOLD);
+  printf ("plug_max_bytes_default=%d\n", DEFAULT_MAX_BYTES);
+  printf ("plug_max_merge_default=%d\n", DEFAULT_MAX_MERGE);
+  printf ("plug_max_inflight_default=%d\n", DEFAULT_MAX_INFLIGHT);
+  printf ("plug_retry_delay_default=3ms\n");
+  printf ("plug_retry_timeout_default=10s\n");
+  printf ("plug_libev=%d.%d\n", ev_version_major (), ev_version_minor ());
+}
+
+static void *
+plugin_open (int readonly)
+{
+  return conn_open ();
+}
+
+static void
+plugin_close (void *handle)
+{
+  conn_close (handle);
+}
+
+static int64_t
+plugin_get_size (void *handle)
+{
+  return layout.size;
+}
+
+static int
+plugin_can_write (void *handle)
+{
+  size_t i;
+
+  for (i = 0; i < nr_backings; ++i)
+    if (backings[i].readonly)
+      return 0;
+  return 1;
+}
+
+static int
+plugin_can_flush (void *handle)
+{
+  return 1;
+}
+
+static int
+plugin_can_trim (void *handle)
+{
+  return 1;
+}
+
+static int
+plugin_can_zero (void *handle)
+{
+  return 1;
+}
+
+/* nbdkit 1.32 aborts on a fast-zero request to a plugin that has .zero
+ * but no .can_fast_zero.  We answer fast zeros ourselves (ENOTSUP when
+ * the file cannot zero quickly).
+ */
+static int
+plugin_can_fast_zero (void *handle)
+{
+  return 1;
+}
+
+/* Native, not EMULATE: with EMULATE nbdkit would send a FUA write as a
+ * write (which would sit in the plug until idle) then a flush.
+ */
+static int
+plugin_can_fua (void *handle)
+{
+  return NBDKIT_FUA_NATIVE;
+}
+
+/* Hold mode: every reply means the data reached the shared backing
+ * files, and FLUSH syncs every file, so FLUSH/FUA effects are visible
+ * across connections.  Writeback mode: a connection's plug is a private
+ * cache, so NBD_FLAG_CAN_MULTI_CONN would be a lie (cf. the NBD spec:
+ * "operates entirely without cache, or ... the cache it uses is shared").
+ */
+static int
+plugin_can_multi_conn (void *handle)
+{
+  return cfg.mode == MODE_HOLD;
+}
+
+static int
+plugin_can_extents (void *handle)
+{
+  return 1;
+}
+
+static int
+plugin_can_cache (void *handle)
+{
+  return NBDKIT_CACHE_NATIVE;
+}
+
+static int
+plugin_block_size (void *handle,
+                   uint32_t *minimum, uint32_t *preferred, uint32_t *maximum)
+{
+  /* Any alignment works (we never read-modify-write); 4 KiB is where
+   * page-cache backed files are efficient; 32 MiB is the NBD spec's
+   * portable maximum payload.
+   */
+  *minimum = 1;
+  *preferred = 4096;
+  *maximum = 32 * 1024 * 1024;
+  return 0;
+}
+
+static int
+plugin_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
+              uint32_t flags)
+{
+  return conn_pread (handle, buf, count, offset);
+}
+
+static int
+plugin_pwrite (void *handle, const void *buf, uint32_t count,
+               uint64_t offset, uint32_t flags)
+{
+  return conn_pwrite (handle, buf, count, offset, flags & NBDKIT_FLAG_FUA);
+}
+
+static int
+plugin_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  return conn_zero (handle, count, offset,
+                    flags & NBDKIT_FLAG_MAY_TRIM, flags & NBDKIT_FLAG_FUA,
+                    flags & NBDKIT_FLAG_FAST_ZERO);
+}
+
+static int
+plugin_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  return conn_trim (handle, count, offset, flags & NBDKIT_FLAG_FUA);
+}
+
+static int
+plugin_flush (void *handle, uint32_t flags)
+{
+  return conn_flush (handle);
+}
+
+static int
+plugin_extents (void *handle, uint32_t count, uint64_t offset,
+                uint32_t flags, struct nbdkit_extents *extents)
+{
+  struct conn *c = handle;
+  struct layout_iter it;
+  struct layout_piece p;
+  unsigned pieces = 0;
+
+  stats_count (&c->stats.client[STATS_C_EXTENTS], count);
+  if (layout_iter_init (&it, &layout, offset, count) == -1) {
+    nbdkit_error ("extents beyond the end of the export");
+    errno = EINVAL;
+    return -1;
+  }
+  /* Held data turns holes into data: write it out first. */
+  if (conn_barrier (c, offset, count) == -1)
+    return -1;
+  /* A client asks again for the rest; bound the work of one call. */
+  while (layout_iter_next (&it, &p) && pieces++ < 256) {
+    uint64_t off = p.offset, left = p.count, exp = offset + p.buf_offset;
+
+    while (left > 0) {
+      uint64_t len;
+      bool hole;
+
+      if (backing_extent (&backings[p.backing], off, left, &len,
+                          &hole) == -1) {
+        nbdkit_error ("file=%s: lseek: %m", backings[p.backing].name);
+        return -1;
+      }
+      if (nbdkit_add_extent (extents, exp, len,
+                             hole ? NBDKIT_EXTENT_HOLE | NBDKIT_EXTENT_ZERO
+                             : 0) == -1)
+        return -1;
+      off += len;
+      exp += len;
+      left -= len;
+    }
+    if (flags & NBDKIT_FLAG_REQ_ONE)
+      break;
+  }
+  return 0;
+}
+
+static int
+plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  struct conn *c = handle;
+  struct layout_iter it;
+  struct layout_piece p;
+
+  stats_count (&c->stats.client[STATS_C_CACHE], count);
+  if (layout_iter_init (&it, &layout, offset, count) == -1) {
+    nbdkit_error ("cache beyond the end of the export");
+    errno = EINVAL;
+    return -1;
+  }
+  while (layout_iter_next (&it, &p))
+    if (backing_cache (&backings[p.backing], p.count, p.offset) == -1) {
+      nbdkit_error ("file=%s: posix_fadvise: %m", backings[p.backing].name);
+      return -1;
+    }
+  return 0;
+}
+
+#define plugin_config_help \
+  "file=PATH               Backing file or block device (repeat: concatenated).\n" \
+  "stripe=SIZE             Stripe the files (RAID-0) in units of SIZE.\n" \
+  "mode=writeback|hold     Acknowledge when held (default) or when written.\n" \
+  "idle=DURATION           Unplug when no request came for this long (1ms).\n" \
+  "max-delay=DURATION      Unplug when the oldest held request is this old (10ms).\n" \
+  "max-requests=N          Unplug at N held requests (256 writeback, 15 hold).\n" \
+  "max-bytes=SIZE          Unplug at SIZE held write bytes; memory bound (4M).\n" \
+  "max-merge=SIZE          Largest merged backend I/O (1M).\n" \
+  "max-inflight=N          Backend I/Os in flight per file, all connections (64).\n" \
+  "retry-delay=DURATION    First retry after EAGAIN/ENOMEM (3ms).\n" \
+  "retry-max-delay=DURATION Backoff cap (100ms).\n" \
+  "retry-timeout=DURATION  Give up with EIO after this long (10s).\n" \
+  "statsfile=PATH          Write JSON statistics here."
+
+static struct nbdkit_plugin plugin = {
+  .name = "plug",
+  .longname = "nbdkit plug plugin (explicit block plugging for NBD)",
+  .version = PACKAGE_VERSION,
+  .description = "Collect, sort and merge NBD requests into fewer, "
+                 "larger backend I/Os",
+  .unload = plugin_unload,
+  .config = plugin_config,
+  .config_complete = plugin_config_complete,
+  .config_help = plugin_config_help,
+  .magic_config_key = "file",
+  .get_ready = plugin_get_ready,
+  .cleanup = plugin_cleanup,
+  .dump_plugin = plugin_dump_plugin,
+  .open = plugin_open,
+  .close = plugin_close,
+  .get_size = plugin_get_size,
+  .block_size = plugin_block_size,
+  .can_write = plugin_can_write,
+  .can_flush = plugin_can_flush,
+  .can_trim = plugin_can_trim,
+  .can_zero = plugin_can_zero,
+  .can_fast_zero = plugin_can_fast_zero,
+  .can_fua = plugin_can_fua,
+  .can_multi_conn = plugin_can_multi_conn,
+  .can_extents = plugin_can_extents,
+  .can_cache = plugin_can_cache,
+  .pread = plugin_pread,
+  .pwrite = plugin_pwrite,
+  .zero = plugin_zero,
+  .trim = plugin_trim,
+  .flush = plugin_flush,
+  .extents = plugin_extents,
+  .cache = plugin_cache,
+  .errno_is_preserved = 1,
+};
+
+#define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
+NBDKIT_REGISTER_PLUGIN (plugin)

@@ -1,0 +1,65 @@
+/* plugin.h: the plugin's global state, shared by plugin.c, conn.c,
+ * loop.c and backing.c.
+ *
+ * Everything here is written during configuration (.config,
+ * .config_complete, .get_ready: single threaded) and read-only after
+ * that, except the statistics totals (under stats_lock) and the
+ * injection counter (atomic).
+ */
+#ifndef NBDPLUG_PLUGIN_H
+#define NBDPLUG_PLUGIN_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "layout.h"
+#include "plug.h"
+#include "retry.h"
+#include "stats.h"
+
+enum plug_mode {
+  MODE_WRITEBACK,               /* Acknowledge once held (copied). */
+  MODE_HOLD,                    /* Acknowledge once the backend did it. */
+};
+
+struct config {
+  enum plug_mode mode;
+  uint64_t idle_ns;             /* 0: unplug when the queue is drained. */
+  uint64_t max_delay_ns;
+  struct plug_limits lim;
+  unsigned max_inflight;
+  struct retry_policy retry;
+  const char *statsfile;        /* Owned (nbdkit_realpath-like copy). */
+};
+
+extern struct config cfg;
+extern struct layout layout;
+extern struct backing *backings;  /* Owned: [layout.nr]. */
+extern size_t nr_backings;
+
+/* Debug flags (-D plug.NAME=N). */
+extern int plug_debug_stats;
+extern int plug_debug_unplug;
+extern int plug_debug_inject_eagain;
+
+/* Monotonic clock in nanoseconds. */
+extern uint64_t now_ns (void);
+
+/* Count one backend operation for -D plug.inject_eagain=N: returns true
+ * if this one must fail with EAGAIN.  Any thread.
+ */
+extern bool inject_eagain (void);
+
+/* Add a closing connection's statistics to the totals and rewrite
+ * statsfile= (if any).  Any thread.
+ */
+extern void stats_publish (const struct plug_stats *conn_stats);
+
+static inline const char *
+mode_name (enum plug_mode m)
+{
+  return m == MODE_HOLD ? "hold" : "writeback";
+}
+
+#endif /* NBDPLUG_PLUGIN_H */

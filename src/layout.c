@@ -1,0 +1,181 @@
+/* layout.c: export offset -> (backing file, offset) mapping.  See layout.h. */
+
+#include <config.h>
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layout.h"
+#include "minmax.h"
+
+static int
+refuse (enum layout_error *why, size_t *bad, enum layout_error w, size_t i)
+{
+  *why = w;
+  *bad = i;
+  errno = EINVAL;
+  return -1;
+}
+
+int
+layout_init (struct layout *l, const uint64_t *sizes, size_t nr,
+             uint64_t stripe, enum layout_error *why, size_t *bad)
+{
+  uint64_t total = 0;
+  size_t i;
+
+  memset (l, 0, sizeof *l);
+  *why = LAYOUT_OK;
+  *bad = 0;
+  if (nr == 0)
+    return refuse (why, bad, LAYOUT_NO_FILES, 0);
+  if (stripe > 0 && stripe % 512 != 0)
+    return refuse (why, bad, LAYOUT_STRIPE_BAD_SIZE, 0);
+
+  for (i = 0; i < nr; ++i) {
+    if (sizes[i] == 0)
+      return refuse (why, bad, LAYOUT_EMPTY_FILE, i);
+    if (stripe > 0 && sizes[i] % stripe != 0)
+      return refuse (why, bad, LAYOUT_STRIPE_NOT_MULTIPLE, i);
+    if (stripe > 0 && sizes[i] != sizes[0])
+      return refuse (why, bad, LAYOUT_STRIPE_UNEQUAL, i);
+    /* NBD sizes are signed 64 bit in nbdkit (int64_t get_size). */
+    if (sizes[i] > (uint64_t) INT64_MAX - total)
+      return refuse (why, bad, LAYOUT_TOO_LARGE, i);
+    total += sizes[i];
+  }
+
+  l->sizes = malloc (nr * sizeof *l->sizes);
+  if (l->sizes == NULL)
+    return -1;
+  memcpy (l->sizes, sizes, nr * sizeof *l->sizes);
+  if (stripe == 0) {
+    l->starts = malloc (nr * sizeof *l->starts);
+    if (l->starts == NULL) {
+      free (l->sizes);
+      l->sizes = NULL;
+      return -1;
+    }
+    for (i = 0, total = 0; i < nr; ++i) {
+      l->starts[i] = total;
+      total += sizes[i];
+    }
+  }
+  l->nr = nr;
+  l->stripe = stripe;
+  l->size = total;
+  return 0;
+}
+
+void
+layout_free (struct layout *l)
+{
+  free (l->sizes);
+  free (l->starts);
+  memset (l, 0, sizeof *l);
+}
+
+const char *
+layout_strerror (enum layout_error why)
+{
+  switch (why) {
+  case LAYOUT_OK: return "no error";
+  case LAYOUT_NO_FILES: return "no backing file given (use file=PATH)";
+  case LAYOUT_EMPTY_FILE: return "backing file is empty";
+  case LAYOUT_TOO_LARGE: return "total size of the backing files is too large";
+  case LAYOUT_STRIPE_NOT_MULTIPLE:
+    return "backing file size is not a multiple of the stripe size";
+  case LAYOUT_STRIPE_UNEQUAL:
+    return "striped backing files must all have the same size";
+  case LAYOUT_STRIPE_BAD_SIZE:
+    return "stripe size must be a non-zero multiple of 512 bytes";
+  }
+  abort ();
+}
+
+/* Index of the file holding export byte `offset` (concat): binary search
+ * for the last start <= offset.
+ */
+static size_t
+concat_file (const struct layout *l, uint64_t offset)
+{
+  size_t lo = 0, hi = l->nr;
+
+  while (hi - lo > 1) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (l->starts[mid] <= offset)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+int
+layout_piece_at (const struct layout *l, uint64_t offset, uint64_t count,
+                 struct layout_piece *piece)
+{
+  if (count == 0 || offset >= l->size || count > l->size - offset) {
+    errno = EINVAL;
+    return -1;
+  }
+
+  piece->buf_offset = 0;
+  if (l->stripe == 0) {
+    size_t i = concat_file (l, offset);
+    uint64_t in_file = offset - l->starts[i];
+
+    piece->backing = i;
+    piece->offset = in_file;
+    piece->count = MIN (count, l->sizes[i] - in_file);
+  }
+  else {
+    uint64_t unit = offset / l->stripe;
+    uint64_t in_unit = offset % l->stripe;
+
+    piece->backing = unit % l->nr;
+    piece->offset = (unit / l->nr) * l->stripe + in_unit;
+    piece->count = MIN (count, l->stripe - in_unit);
+  }
+  return 0;
+}
+
+int
+layout_iter_init (struct layout_iter *it, const struct layout *l,
+                  uint64_t offset, uint64_t count)
+{
+  if (offset > l->size || count > l->size - offset) {
+    errno = EINVAL;
+    return -1;
+  }
+  it->l = l;
+  it->offset = offset;
+  it->left = count;
+  it->done = 0;
+  return 0;
+}
+
+int
+layout_iter_next (struct layout_iter *it, struct layout_piece *piece)
+{
+  if (it->left == 0)
+    return 0;
+  /* Cannot fail: layout_iter_init checked the whole range. */
+  if (layout_piece_at (it->l, it->offset, it->left, piece) == -1)
+    abort ();
+  piece->buf_offset = it->done;
+  it->offset += piece->count;
+  it->left -= piece->count;
+  it->done += piece->count;
+  return 1;
+}
+
+uint64_t
+layout_export_offset (const struct layout *l, uint32_t backing, uint64_t off)
+{
+  if (l->stripe == 0)
+    return l->starts[backing] + off;
+  return ((off / l->stripe) * l->nr + backing) * l->stripe + off % l->stripe;
+}

@@ -1,0 +1,105 @@
+/* layout.h: where export bytes live among the backing files (pure).
+ *
+ * An export is made of nr backing files, either concatenated in order
+ * (stripe == 0) or striped RAID-0 style in units of `stripe` bytes:
+ * stripe unit k of the export lives in file k % nr at offset
+ * (k / nr) * stripe.
+ *
+ * layout_map() turns an export range into pieces, each inside one
+ * backing file.  The owner of a struct layout is the plugin's global
+ * state; it is read-only once layout_init() succeeded, so any thread may
+ * call layout_map() without a lock.
+ *
+ * Invariants after layout_init(): nr >= 1, size > 0, and for stripe > 0
+ * every file is the same multiple of stripe.
+ */
+#ifndef NBDPLUG_LAYOUT_H
+#define NBDPLUG_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Why layout_init() refused a set of files (errno is EINVAL). */
+enum layout_error {
+  LAYOUT_OK = 0,
+  LAYOUT_NO_FILES,              /* nr == 0 */
+  LAYOUT_EMPTY_FILE,            /* sizes[bad] == 0 */
+  LAYOUT_TOO_LARGE,             /* the sum overflows int64_t */
+  LAYOUT_STRIPE_NOT_MULTIPLE,   /* sizes[bad] % stripe != 0 */
+  LAYOUT_STRIPE_UNEQUAL,        /* sizes[bad] != sizes[0] */
+  LAYOUT_STRIPE_BAD_SIZE,       /* stripe is not a multiple of 512 */
+};
+
+struct layout {
+  size_t nr;                    /* Number of backing files. */
+  uint64_t stripe;              /* 0: concatenate. */
+  uint64_t size;                /* Export size in bytes. */
+  uint64_t *sizes;              /* Owned: [nr] file sizes. */
+  uint64_t *starts;             /* Owned: [nr] export offset of each file
+                                 * (concat only, else NULL). */
+};
+
+/* One contiguous piece of an export range inside one backing file. */
+struct layout_piece {
+  uint32_t backing;             /* Index of the backing file. */
+  uint64_t offset;              /* Offset in that file. */
+  uint64_t count;               /* Bytes, > 0. */
+  uint64_t buf_offset;          /* Offset of the piece in the request. */
+};
+
+/* Build a layout from the sizes of nr files.  Copies sizes.
+ * Returns 0, or -1 with errno set (EINVAL: *why and *bad say what and
+ * which file; ENOMEM).  Context: configuration, single threaded.
+ */
+extern int layout_init (struct layout *l, const uint64_t *sizes, size_t nr,
+                        uint64_t stripe, enum layout_error *why, size_t *bad)
+  __attribute__ ((__nonnull__ (1, 5, 6)));
+
+extern void layout_free (struct layout *l);
+
+/* A sentence describing why (for the plugin's nbdkit_error). */
+extern const char *layout_strerror (enum layout_error why);
+
+/* The piece of [offset, offset+count) that starts at `offset`: fills
+ * *piece (buf_offset = 0) and returns 0.  The piece is the longest run
+ * that stays in one file (and, striped, in one stripe unit).
+ * Returns -1 with errno EINVAL if count is 0 or the range is not
+ * inside the export: the layout never trusts its caller's bounds.
+ * Context: any thread.
+ */
+extern int layout_piece_at (const struct layout *l, uint64_t offset,
+                            uint64_t count, struct layout_piece *piece)
+  __attribute__ ((__nonnull__ (1, 4)));
+
+/* Iterate over all pieces of a range:
+ *
+ *   struct layout_iter it;
+ *   struct layout_piece p;
+ *   if (layout_iter_init (&it, l, off, count) == -1) ...;
+ *   while (layout_iter_next (&it, &p)) ...;
+ *
+ * layout_iter_init() returns -1 with errno EINVAL when the range is
+ * outside the export (count 0 is allowed and yields no piece).
+ */
+struct layout_iter {
+  const struct layout *l;
+  uint64_t offset;              /* Next export offset to map. */
+  uint64_t left;                /* Bytes still to map. */
+  uint64_t done;                /* Bytes already mapped. */
+};
+
+extern int layout_iter_init (struct layout_iter *it, const struct layout *l,
+                             uint64_t offset, uint64_t count)
+  __attribute__ ((__nonnull__ (1, 2)));
+extern int layout_iter_next (struct layout_iter *it,
+                             struct layout_piece *piece)
+  __attribute__ ((__nonnull__ (1, 2)));
+
+/* Export offset of a byte of a backing file: the inverse of the mapping.
+ * Used by extents and by tests.  Requires off < sizes[backing].
+ */
+extern uint64_t layout_export_offset (const struct layout *l,
+                                      uint32_t backing, uint64_t off)
+  __attribute__ ((__nonnull__ (1)));
+
+#endif /* NBDPLUG_LAYOUT_H */

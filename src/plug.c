@@ -1,0 +1,264 @@
+/* plug.c: collect, sort and merge.  See plug.h for the rules. */
+
+#include <config.h>
+
+#include <assert.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "minmax.h"
+#include "plug.h"
+
+static const char *const reason_names[PLUG_NR_REASONS] = {
+  [PLUG_UNPLUG_FLUSH] = "flush",
+  [PLUG_UNPLUG_FUA] = "fua",
+  [PLUG_UNPLUG_IDLE] = "idle",
+  [PLUG_UNPLUG_MAX_REQUESTS] = "max-requests",
+  [PLUG_UNPLUG_MAX_BYTES] = "max-bytes",
+  [PLUG_UNPLUG_MAX_DELAY] = "max-delay",
+  [PLUG_UNPLUG_READ] = "read",
+  [PLUG_UNPLUG_OVERLAP] = "overlap",
+  [PLUG_UNPLUG_CLOSE] = "close",
+  [PLUG_UNPLUG_FAST_ZERO] = "fast-zero",
+  [PLUG_UNPLUG_MEMORY] = "memory",
+};
+
+const char *
+plug_reason_name (enum plug_reason r)
+{
+  if ((unsigned) r >= PLUG_NR_REASONS)
+    abort ();
+  return reason_names[r];
+}
+
+int
+plug_init (struct plug *p, const struct plug_limits *lim,
+           uint32_t nr_backings)
+{
+  memset (p, 0, sizeof *p);
+  if (lim->max_requests == 0 || lim->max_bytes == 0 ||
+      lim->max_merge == 0 || lim->max_iov == 0 || nr_backings == 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  p->bounds = calloc (nr_backings, sizeof *p->bounds);
+  if (p->bounds == NULL)
+    return -1;
+  p->lim = *lim;
+  p->nr_backings = nr_backings;
+  return 0;
+}
+
+void
+plug_free (struct plug *p)
+{
+  plug_req_vector_reset (&p->reqs);
+  free (p->bounds);
+  p->bounds = NULL;
+}
+
+static bool
+ranges_overlap (uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
+{
+  return a < b + blen && b < a + alen;
+}
+
+bool
+plug_overlaps (const struct plug *p, uint32_t backing,
+               uint64_t offset, uint64_t count)
+{
+  size_t i;
+
+  assert (backing < p->nr_backings);
+  if (count == 0)
+    return false;
+  /* Empty bounds (lo == hi) never overlap. */
+  if (!ranges_overlap (p->bounds[backing].lo,
+                       p->bounds[backing].hi - p->bounds[backing].lo,
+                       offset, count))
+    return false;
+  for (i = 0; i < p->reqs.len; ++i) {
+    const struct plug_req *h = p->reqs.ptr[i];
+
+    if (h->backing == backing &&
+        ranges_overlap (h->offset, h->count, offset, count))
+      return true;
+  }
+  return false;
+}
+
+int
+plug_add (struct plug *p, struct plug_req *r)
+{
+  assert (r->backing < p->nr_backings);
+  assert (r->count > 0);
+  assert (!plug_conflicts (p, r));
+
+  if (plug_req_vector_append (&p->reqs, r) == -1)
+    return -1;
+
+  if (p->reqs.len == 1) {
+    p->oldest_ns = r->arrival_ns;
+    p->multiple_backings = false;
+  }
+  else if (r->backing != p->reqs.ptr[0]->backing)
+    p->multiple_backings = true;
+
+  if (p->bounds[r->backing].lo == p->bounds[r->backing].hi) {
+    p->bounds[r->backing].lo = r->offset;
+    p->bounds[r->backing].hi = r->offset + r->count;
+  }
+  else {
+    p->bounds[r->backing].lo = MIN (p->bounds[r->backing].lo, r->offset);
+    p->bounds[r->backing].hi = MAX (p->bounds[r->backing].hi,
+                                    r->offset + r->count);
+  }
+  if (r->op == PLUG_OP_WRITE)
+    p->bytes += r->count;
+  r->seq = p->next_seq++;
+  return 0;
+}
+
+bool
+plug_full (const struct plug *p, enum plug_reason *reason)
+{
+  if (p->reqs.len >= p->lim.max_requests) {
+    *reason = PLUG_UNPLUG_MAX_REQUESTS;
+    return true;
+  }
+  if (p->bytes >= p->lim.max_bytes) {
+    *reason = PLUG_UNPLUG_MAX_BYTES;
+    return true;
+  }
+  return false;
+}
+
+static int
+compare_reqs (const void *av, const void *bv)
+{
+  const struct plug_req *a = *(struct plug_req *const *) av;
+  const struct plug_req *b = *(struct plug_req *const *) bv;
+
+  if (a->backing != b->backing)
+    return a->backing < b->backing ? -1 : 1;
+  if (a->offset != b->offset)
+    return a->offset < b->offset ? -1 : 1;
+  if (a->seq != b->seq)
+    return a->seq < b->seq ? -1 : 1;
+  return 0;
+}
+
+void
+plug_sort (struct plug_req **reqs, size_t n)
+{
+  if (n > 1)
+    qsort (reqs, n, sizeof *reqs, compare_reqs);
+}
+
+/* Can b extend the run that currently ends with a? */
+static bool
+can_merge (const struct plug_req *a, const struct plug_req *b,
+           uint64_t run_count, size_t run_n, const struct plug_limits *lim)
+{
+  if (a->backing != b->backing || a->op != b->op || a->flags != b->flags)
+    return false;
+  if (a->offset + a->count != b->offset)
+    return false;
+  if (run_count + b->count > lim->max_merge)
+    return false;
+  if (b->op == PLUG_OP_WRITE && run_n >= lim->max_iov)
+    return false;
+  return true;
+}
+
+static struct plug_run *
+make_run (struct plug_req *const *reqs, size_t n)
+{
+  struct plug_run *run;
+  size_t i;
+
+  run = malloc (sizeof *run + n * sizeof run->reqs[0]);
+  if (run == NULL)
+    return NULL;
+  run->op = reqs[0]->op;
+  run->flags = reqs[0]->flags;
+  run->backing = reqs[0]->backing;
+  run->offset = reqs[0]->offset;
+  run->count = 0;
+  run->n = n;
+  for (i = 0; i < n; ++i) {
+    run->reqs[i] = reqs[i];
+    run->count += reqs[i]->count;
+  }
+  return run;
+}
+
+int
+plug_merge (struct plug_req *const *reqs, size_t n,
+            const struct plug_limits *lim, plug_run_vector *runs)
+{
+  size_t start = 0, i, before = runs->len;
+  uint64_t run_count;
+
+  while (start < n) {
+    struct plug_run *run;
+
+    run_count = reqs[start]->count;
+    for (i = start + 1; i < n; ++i) {
+      if (!can_merge (reqs[i-1], reqs[i], run_count, i - start, lim))
+        break;
+      run_count += reqs[i]->count;
+    }
+    run = make_run (&reqs[start], i - start);
+    if (run == NULL || plug_run_vector_append (runs, run) == -1) {
+      int err = errno;
+      free (run);
+      while (runs->len > before)
+        free (runs->ptr[--runs->len]);
+      errno = err;
+      return -1;
+    }
+    start = i;
+  }
+  return 0;
+}
+
+void
+plug_runs_free (plug_run_vector *runs)
+{
+  size_t i;
+
+  for (i = 0; i < runs->len; ++i)
+    free (runs->ptr[i]);
+  plug_run_vector_reset (runs);
+}
+
+int
+plug_take_runs (struct plug *p, plug_run_vector *runs)
+{
+  uint32_t b;
+
+  if (p->reqs.len == 0)
+    return 0;
+  /* Sorting in place is safe even if merging then fails: the plug's
+   * order is only arrival order for our own bookkeeping, and seq keeps
+   * the arrival order recoverable.
+   */
+  plug_sort (p->reqs.ptr, p->reqs.len);
+  if (plug_merge (p->reqs.ptr, p->reqs.len, &p->lim, runs) == -1)
+    return -1;
+
+  /* Detach: the plug is empty from here on, so a flush that re-enters
+   * (the kernel's recursive flush_plug stall) finds nothing to do.
+   */
+  p->reqs.len = 0;
+  p->bytes = 0;
+  p->oldest_ns = 0;
+  p->multiple_backings = false;
+  for (b = 0; b < p->nr_backings; ++b)
+    p->bounds[b].lo = p->bounds[b].hi = 0;
+  return 0;
+}

@@ -1,0 +1,186 @@
+/* plug.h: the per-connection plug (pure: no nbdkit, libnbd or libev).
+ *
+ * The kernel's struct blk_plug, for NBD.  A plug collects the requests
+ * that change data (write, zero, trim) between two unplugs.  Unplugging
+ * (plug_take_runs) detaches everything held, sorts it by backing file
+ * then offset (the kernel sorts by queue when a plug holds requests for
+ * several devices: should_sort), and merges neighbours of the same kind
+ * into runs: one backend I/O each.
+ *
+ * Invariant: no two requests held in one plug overlap.  The owner asks
+ * plug_conflicts() before plug_add() and unplugs first when the answer
+ * is yes.  This one rule gives every ordering guarantee we need without
+ * comparing sequence numbers: a later write to the same bytes can never
+ * be merged or reordered before an earlier one, and no trim or zero
+ * passes a later write.  Tests assert it.
+ *
+ * Requests are owned by the caller (the glue keeps them in its own
+ * request objects); the plug only holds pointers to them.  A run points
+ * at the requests it merged; runs are owned by whoever took them.
+ *
+ * Context: one plug belongs to one connection's loop thread; no
+ * locking here.
+ */
+#ifndef NBDPLUG_PLUG_H
+#define NBDPLUG_PLUG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vector.h"
+
+enum plug_op {
+  PLUG_OP_WRITE,
+  PLUG_OP_ZERO,
+  PLUG_OP_TRIM,
+};
+#define PLUG_NR_OPS 3
+
+/* Request flags that change how a request may be merged. */
+#define PLUG_F_MAY_TRIM 1       /* Zero: may punch a hole (NBD !NO_HOLE). */
+#define PLUG_F_FAST 2           /* Zero: NBD FAST_ZERO, fail with ENOTSUP
+                                 * rather than be slow. */
+
+/* Why a plug was unplugged; counted per reason in the statistics. */
+enum plug_reason {
+  PLUG_UNPLUG_FLUSH,            /* NBD_CMD_FLUSH (blk_finish_plug). */
+  PLUG_UNPLUG_FUA,              /* A request with NBD_CMD_FLAG_FUA. */
+  PLUG_UNPLUG_IDLE,             /* No request for idle= time: the
+                                 * submitter sleeps (sched_submit_work). */
+  PLUG_UNPLUG_MAX_REQUESTS,     /* BLK_MAX_REQUEST_COUNT. */
+  PLUG_UNPLUG_MAX_BYTES,        /* BLK_PLUG_FLUSH_SIZE. */
+  PLUG_UNPLUG_MAX_DELAY,        /* The oldest held request got too old. */
+  PLUG_UNPLUG_READ,             /* A read or extents overlapped held data. */
+  PLUG_UNPLUG_OVERLAP,          /* A new request overlapped held data. */
+  PLUG_UNPLUG_CLOSE,            /* Connection close or server shutdown. */
+  PLUG_UNPLUG_FAST_ZERO,        /* Fast zero must not wait in a plug. */
+  PLUG_UNPLUG_MEMORY,           /* A writer waits for memory (max-bytes). */
+};
+#define PLUG_NR_REASONS 11
+
+/* Name of a reason as used in statistics and debug messages. */
+extern const char *plug_reason_name (enum plug_reason r);
+
+struct plug_req {
+  enum plug_op op;
+  uint32_t flags;               /* PLUG_F_*. */
+  uint32_t backing;             /* Index of the backing file. */
+  uint64_t offset;              /* Offset in the backing file. */
+  uint64_t count;               /* Bytes, > 0. */
+  uint64_t seq;                 /* Arrival order; set by plug_add(). */
+  uint64_t arrival_ns;          /* Caller's clock, for max-delay/stats. */
+  const void *buf;              /* PLUG_OP_WRITE: count bytes.  Borrowed
+                                 * from the owner of the request. */
+  void *opaque;                 /* The owner's request; for completions. */
+};
+
+DEFINE_VECTOR_TYPE (plug_req_vector, struct plug_req *)
+
+/* A run: requests of one backing file and one kind that are contiguous
+ * and sorted by offset, issued as one backend I/O.
+ */
+struct plug_run {
+  enum plug_op op;
+  uint32_t flags;
+  uint32_t backing;
+  uint64_t offset;
+  uint64_t count;               /* Sum of the members' counts. */
+  size_t n;                     /* Number of members. */
+  struct plug_req *reqs[];      /* Borrowed: members, in offset order. */
+};
+
+DEFINE_VECTOR_TYPE (plug_run_vector, struct plug_run *)
+
+struct plug_limits {
+  uint64_t max_requests;        /* Unplug at this many requests. */
+  uint64_t max_bytes;           /* Unplug at this many write bytes. */
+  uint64_t max_merge;           /* Largest run, in bytes. */
+  size_t max_iov;               /* Most members of a write run (IOV_MAX). */
+};
+
+struct plug {
+  struct plug_limits lim;
+  uint32_t nr_backings;
+  plug_req_vector reqs;         /* Held requests, arrival order. */
+  uint64_t bytes;               /* Write bytes held. */
+  uint64_t oldest_ns;           /* arrival_ns of the first held request. */
+  uint64_t next_seq;
+  bool multiple_backings;       /* should_sort: more than one file held. */
+  /* Per backing file, the smallest range [lo, hi) covering every held
+   * request, so that a request beyond it (the common sequential case) is
+   * known not to conflict without a scan.  Owned: [nr_backings].
+   */
+  struct { uint64_t lo, hi; } *bounds;
+};
+
+/* Initialise an empty plug.  Returns 0, or -1 with errno (ENOMEM,
+ * EINVAL for a zero limit).
+ */
+extern int plug_init (struct plug *p, const struct plug_limits *lim,
+                      uint32_t nr_backings)
+  __attribute__ ((__nonnull__ (1, 2)));
+
+/* Free the plug's own storage (not the requests it may still hold). */
+extern void plug_free (struct plug *p)
+  __attribute__ ((__nonnull__ (1)));
+
+static inline bool
+plug_is_empty (const struct plug *p)
+{
+  return p->reqs.len == 0;
+}
+
+/* Does [offset, offset+count) of this backing file overlap any held
+ * request?  Context: loop thread.
+ */
+extern bool plug_overlaps (const struct plug *p, uint32_t backing,
+                           uint64_t offset, uint64_t count)
+  __attribute__ ((__nonnull__ (1)));
+
+/* Would adding r break the no-overlap invariant? */
+static inline bool
+plug_conflicts (const struct plug *p, const struct plug_req *r)
+{
+  return plug_overlaps (p, r->backing, r->offset, r->count);
+}
+
+/* Hold r.  The caller must have checked plug_conflicts() (asserted).
+ * Sets r->seq.  Returns 0, or -1 with errno ENOMEM (r is not held).
+ */
+extern int plug_add (struct plug *p, struct plug_req *r)
+  __attribute__ ((__nonnull__ (1, 2)));
+
+/* Should the plug be unplugged now because of its own limits?
+ * Returns true and sets *reason (MAX_REQUESTS or MAX_BYTES).
+ */
+extern bool plug_full (const struct plug *p, enum plug_reason *reason)
+  __attribute__ ((__nonnull__ (1, 2)));
+
+/* Unplug: detach every held request, sort by (backing, offset), merge
+ * into runs and append them to *runs in dispatch order (backing file,
+ * then offset).  The plug is empty afterwards.  Each run is allocated
+ * here and owned by the caller (free() it).  Returns 0, or -1 with
+ * errno ENOMEM, in which case the plug still holds everything and *runs
+ * is unchanged.
+ */
+extern int plug_take_runs (struct plug *p, plug_run_vector *runs)
+  __attribute__ ((__nonnull__ (1, 2)));
+
+/* Sort an array of requests by (backing, offset, seq): exposed for tests. */
+extern void plug_sort (struct plug_req **reqs, size_t n);
+
+/* Merge sorted, non-overlapping requests into runs (appended to *runs)
+ * of at most lim->max_merge bytes and lim->max_iov members.  A single
+ * request larger than max_merge is a run of its own.  Returns 0, or -1
+ * with errno ENOMEM (runs appended so far are freed and removed).
+ */
+extern int plug_merge (struct plug_req *const *reqs, size_t n,
+                       const struct plug_limits *lim, plug_run_vector *runs)
+  __attribute__ ((__nonnull__ (3, 4)));
+
+/* Free every run in *runs and empty it. */
+extern void plug_runs_free (plug_run_vector *runs)
+  __attribute__ ((__nonnull__ (1)));
+
+#endif /* NBDPLUG_PLUG_H */

@@ -1,0 +1,57 @@
+/* retry.h: what to do when a backend says "not now" (pure).
+ *
+ * The kernel's answer to a driver out of resources is to requeue the
+ * request and run the queue again a little later (blk_delay_queue in
+ * 2.6.39, blk_mq_delay_run_hw_queue with BLK_MQ_RESOURCE_DELAY = 3 ms
+ * today).  We do the same, with a capped exponential backoff so that a
+ * backend that stays short of resources is not polled every 3 ms for
+ * seconds, and a give-up deadline so that no request waits forever.
+ *
+ * The glue owns one struct retry_state per delayed backing-file queue
+ * (loop thread only) and arms a libev timer with the delay.
+ */
+#ifndef NBDPLUG_RETRY_H
+#define NBDPLUG_RETRY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct retry_policy {
+  uint64_t delay_ns;            /* First delay (retry-delay=). */
+  uint64_t max_delay_ns;        /* Cap of the backoff (retry-max-delay=). */
+  uint64_t timeout_ns;          /* Give up this long after the first
+                                 * failure (retry-timeout=). */
+};
+
+struct retry_state {
+  unsigned attempts;            /* Failures so far; 0 = not delayed. */
+  uint64_t first_ns;            /* Clock at the first failure. */
+};
+
+/* Is err a "not now" (resource shortage) rather than a failure?
+ * EAGAIN/EWOULDBLOCK and ENOMEM (an allocation a dispatch needs, as the
+ * SCSI midlayer treats it), and EBUSY.
+ */
+extern bool retry_is_transient (int err);
+
+/* Delay before retry number `attempt` (0-based): delay_ns << attempt,
+ * capped at max_delay_ns (and never 0, so a timer always advances).
+ */
+extern uint64_t retry_delay (const struct retry_policy *p, unsigned attempt)
+  __attribute__ ((__nonnull__ (1)));
+
+/* Record a transient failure at time now_ns.  Returns true and sets
+ * *delay_ns if the caller should retry after that delay; returns false
+ * if the policy gives up (the deadline passed, or would pass before the
+ * retry: the last retry is moved to the deadline instead, so a request
+ * gets its full retry-timeout but never more).
+ */
+extern bool retry_failed (const struct retry_policy *p, struct retry_state *s,
+                          uint64_t now_ns, uint64_t *delay_ns)
+  __attribute__ ((__nonnull__ (1, 2, 4)));
+
+/* A success: forget the failures. */
+extern void retry_reset (struct retry_state *s)
+  __attribute__ ((__nonnull__ (1)));
+
+#endif /* NBDPLUG_RETRY_H */
