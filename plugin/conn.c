@@ -329,6 +329,20 @@ conn_retire (struct conn *c, struct request *r)
     c->nr_async--;
 }
 
+/* Note the calling worker thread (see struct conn). */
+static void
+note_worker_locked (struct conn *c)
+{
+  pthread_t self = pthread_self ();
+  size_t i;
+
+  for (i = 0; i < c->nr_workers; ++i)
+    if (pthread_equal (c->workers[i], self))
+      return;
+  if (c->nr_workers < sizeof c->workers / sizeof c->workers[0])
+    c->workers[c->nr_workers++] = self;
+}
+
 /* Hand r to the loop.  If `wait`, or if writeback memory is at its
  * bound, block until the loop completes it.  r belongs to the loop
  * from here on.  Returns 0, or -1 with errno set (the loop's error).
@@ -357,8 +371,11 @@ submit (struct conn *c, struct request *r, bool wait)
           (c->held_bytes + r->charged > cfg.lim.max_bytes ||
            c->nr_async >= ASYNC_PER_MAX_REQUEST * cfg.lim.max_requests))
         wait = true;
-      if (wait)
+      note_worker_locked (c);
+      if (wait) {
         r->waiter = &w;
+        c->nr_parked++;
+      }
       else if (r->kind == REQ_MUTATE) {
         r->async = true;
         c->nr_async++;
@@ -386,6 +403,10 @@ submit (struct conn *c, struct request *r, bool wait)
   while (sem_wait (&w.done) == -1 && errno == EINTR)
     ;
   sem_destroy (&w.done);
+  {
+    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&c->lock);
+    c->nr_parked--;
+  }
   if (w.err) {
     errno = w.err;
     return -1;

@@ -116,6 +116,15 @@ struct conn {
   uint64_t held_bytes;          /* Copied bytes not yet completed. */
   uint64_t nr_async;            /* Acknowledged, not yet completed. */
   bool closing;
+  /* nbdkit does not tell a plugin how many worker threads serve a
+   * connection (--threads); we learn it by noting every thread that
+   * calls us.  When all of them are parked in the plug, no thread is
+   * left to read the request that would unplug it: unplug at once (the
+   * kernel flushes a task's plug when the task sleeps).
+   */
+  pthread_t workers[64];
+  size_t nr_workers;
+  size_t nr_parked;
 
   /* Loop thread only. */
   ev_async wakeup;              /* Kicked by worker threads. */

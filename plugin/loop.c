@@ -597,7 +597,7 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
 {
   struct conn *c = container_of (w, struct conn, wakeup);
   struct request *list, *next;
-  bool closing;
+  bool closing, all_parked;
 
   {
     pthread_mutex_lock (&c->lock);
@@ -605,6 +605,7 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
     c->queue_head = NULL;
     c->queue_tail = &c->queue_head;
     closing = c->closing;
+    all_parked = c->nr_parked > 0 && c->nr_parked >= c->nr_workers;
     pthread_mutex_unlock (&c->lock);
   }
   if (list)
@@ -620,7 +621,9 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
   /* idle=0: unplug as soon as the submitters have nothing more for us
    * (early Redis: write everything just before the loop sleeps).
    */
-  if (cfg.idle_ns == 0)
+  if (all_parked)
+    unplug (c, PLUG_UNPLUG_PARKED);
+  else if (cfg.idle_ns == 0)
     unplug (c, PLUG_UNPLUG_IDLE);
   arm_plug_timer (c);
 }

@@ -24,6 +24,7 @@ static const char *const reason_names[PLUG_NR_REASONS] = {
   [PLUG_UNPLUG_CLOSE] = "close",
   [PLUG_UNPLUG_FAST_ZERO] = "fast-zero",
   [PLUG_UNPLUG_MEMORY] = "memory",
+  [PLUG_UNPLUG_PARKED] = "parked",
 };
 
 const char *

@@ -56,8 +56,11 @@ enum plug_reason {
   PLUG_UNPLUG_CLOSE,            /* Connection close or server shutdown. */
   PLUG_UNPLUG_FAST_ZERO,        /* Fast zero must not wait in a plug. */
   PLUG_UNPLUG_MEMORY,           /* A writer waits for memory (max-bytes). */
+  PLUG_UNPLUG_PARKED,           /* Every worker thread we know of waits in
+                                 * the plug: nobody is left to bring the
+                                 * request that would unplug it. */
 };
-#define PLUG_NR_REASONS 11
+#define PLUG_NR_REASONS 12
 
 /* Name of a reason as used in statistics and debug messages. */
 extern const char *plug_reason_name (enum plug_reason r);
