@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <ev.h>
 
@@ -267,6 +268,10 @@ dispatch_queue (struct conn *c, uint32_t b, uint64_t now)
     int r, err;
 
     used++;
+    if (plug_debug_backend_delay_us > 0)
+      nanosleep (&(struct timespec) {
+          .tv_sec = plug_debug_backend_delay_us / 1000000,
+          .tv_nsec = plug_debug_backend_delay_us % 1000000 * 1000 }, NULL);
     if (inject_eagain ()) {
       r = -1;
       err = EAGAIN;

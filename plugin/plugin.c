@@ -40,6 +40,12 @@ NBDKIT_DLL_PUBLIC int plug_debug_unplug;
  * NBD protocol cannot carry it.
  */
 NBDKIT_DLL_PUBLIC int plug_debug_inject_eagain;
+/* -D plug.backend_delay_us=N: every backend write/zero/trim costs N
+ * microseconds more (a sleep before it).  A benchmarking aid that models
+ * a slow or per-operation-priced backend, comparable to nbdkit's delay
+ * filter in front of the file plugin.
+ */
+NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
 
 /* Defaults.  Each is explained in the man page, with its measurement. */
 #define DEFAULT_IDLE_NS           1000000ULL    /* 1 ms */

@@ -42,6 +42,7 @@ extern size_t nr_backings;
 extern int plug_debug_stats;
 extern int plug_debug_unplug;
 extern int plug_debug_inject_eagain;
+extern int plug_debug_backend_delay_us;
 
 /* Monotonic clock in nanoseconds. */
 extern uint64_t now_ns (void);
