@@ -87,6 +87,39 @@ conns_open (void)
   return nr_conns;
 }
 
+/* Unplug connection c and wait until its queues settled.  Caller holds
+ * conns_lock, which keeps c from being freed.
+ */
+static int
+drain_locked (struct conn *c)
+{
+  struct request *r = request_new (REQ_DRAIN, PLUG_OP_WRITE, 0, 0);
+
+  if (r == NULL)
+    return -1;
+  return submit (c, r, true);
+}
+
+/* NBD_FLAG_CAN_MULTI_CONN: "the effects of NBD_CMD_FLUSH and
+ * NBD_CMD_FLAG_FUA MUST be visible across all connections when the
+ * server sends its reply".  We advertise it only in hold mode, where
+ * every replied write already reached the files; still, the flush or
+ * FUA of one connection drains every other connection's plug first, so
+ * that no plug anywhere holds older data when it replies.
+ */
+static int
+drain_others (struct conn *self)
+{
+  struct conn *c;
+  int ret = 0;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&conns_lock);
+
+  for (c = conns; c != NULL; c = c->reg_next)
+    if (c != self && drain_locked (c) == -1 && errno != ESHUTDOWN)
+      ret = -1;
+  return ret;
+}
+
 void
 conns_drain_all (uint64_t timeout_ns, struct plug_stats *live)
 {
@@ -94,11 +127,14 @@ conns_drain_all (uint64_t timeout_ns, struct plug_stats *live)
   struct timespec deadline;
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&conns_lock);
 
+  /* Server exit: last attempt for whatever is delayed, no more waiting
+   * for retry-timeout (issue: "nothing hangs").
+   */
   for (c = conns; c != NULL; c = c->reg_next) {
-    struct request *r = request_new (REQ_FLUSH, PLUG_OP_WRITE, 0, 0);
-
-    if (r == NULL || submit (c, r, true) == -1 ||
-        sync_backings (c, NULL) == -1)
+    pthread_mutex_lock (&c->lock);
+    c->stopping = true;
+    pthread_mutex_unlock (&c->lock);
+    if (drain_locked (c) == -1 || sync_backings (c, NULL) == -1)
       nbdkit_error ("server exit: connection %" PRIu64
                     ": could not write out held data: %m", c->id);
   }
@@ -460,8 +496,13 @@ submit_mutation (struct conn *c, struct request *r, const char *what)
       nbdkit_error ("%s: %m", what);
     return -1;
   }
-  if (touched)
+  if (touched) {
+    if (cfg.mode == MODE_HOLD && drain_others (c) == -1) {
+      nbdkit_error ("%s: draining other connections: %m", what);
+      return -1;
+    }
     return sync_backings (c, touched);
+  }
   return 0;
 }
 
@@ -554,6 +595,10 @@ conn_flush (struct conn *c)
    */
   if (submit (c, r, true) == -1) {
     nbdkit_error ("flush: %m");
+    return -1;
+  }
+  if (cfg.mode == MODE_HOLD && drain_others (c) == -1) {
+    nbdkit_error ("flush: draining other connections: %m");
     return -1;
   }
   return sync_backings (c, NULL);

@@ -36,6 +36,9 @@
 enum req_kind {
   REQ_MUTATE,                   /* write, zero or trim: enters the plug */
   REQ_FLUSH,                    /* unplug, wait for the queues to drain */
+  REQ_DRAIN,                    /* the same for another connection's
+                                 * FLUSH/FUA (multi-conn) or server exit:
+                                 * never consumes our deferred error */
   REQ_BARRIER,                  /* a read/extents overlapping dirty data */
 };
 
@@ -116,6 +119,7 @@ struct conn {
   uint64_t held_bytes;          /* Copied bytes not yet completed. */
   uint64_t nr_async;            /* Acknowledged, not yet completed. */
   bool closing;
+  bool stopping;                /* Server exit: no more retry delays. */
   /* nbdkit does not tell a plugin how many worker threads serve a
    * connection (--threads); we learn it by noting every thread that
    * calls us.  When all of them are parked in the plug, no thread is

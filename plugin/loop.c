@@ -362,13 +362,13 @@ check_parked (struct conn *c)
     bool failed;
     int err = 0, ready;
 
-    if (r->kind == REQ_FLUSH) {
+    if (r->kind == REQ_FLUSH || r->kind == REQ_DRAIN) {
       /* Anything that arrived before the flush must have left the plug
        * (it may not have, if merging ran out of memory).
        */
       ready = queues_settled (c, &failed) &&
         (plug_is_empty (&c->plug) || c->plug.oldest_ns > r->arrival_ns);
-      if (ready) {
+      if (ready && r->kind == REQ_FLUSH) {
         err = failed || c->deferred_err ? EIO : 0;
         c->deferred_err = failed ? EIO : 0;
       }
@@ -522,6 +522,7 @@ take (struct conn *c, struct request *r)
     take_mutation (c, r);
     break;
   case REQ_FLUSH:
+  case REQ_DRAIN:
     /* blk_finish_plug, then retry whatever is delayed or failed now:
      * the client asked for durability, don't make it wait a backoff.
      */
@@ -563,12 +564,13 @@ arm_plug_timer (struct conn *c)
   ev_timer_start (c->loop, &c->plug_timer);
 }
 
-/* Connection close: blk_finish_plug at exit, then a last attempt for
- * whatever waits for a backend; what still fails is logged and dropped:
- * NBD has no way to report an error at close.
+/* Connection close or server exit: blk_finish_plug, then a last attempt
+ * for whatever waits for a backend; what still fails is logged and
+ * dropped (ESHUTDOWN to anybody waiting): NBD has no way to report an
+ * error at close.  final: the connection is closing, stop the loop.
  */
 static void
-shutdown_conn (struct conn *c)
+shutdown_conn (struct conn *c, bool final)
 {
   size_t b;
 
@@ -584,6 +586,9 @@ shutdown_conn (struct conn *c)
       complete_run (c, run, ESHUTDOWN);
     }
   }
+  check_parked (c);             /* Drains and flushes now settle. */
+  if (!final)
+    return;
   while (c->parked) {
     struct request *r = c->parked;
 
@@ -602,7 +607,7 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
 {
   struct conn *c = container_of (w, struct conn, wakeup);
   struct request *list, *next;
-  bool closing, all_parked;
+  bool closing, stopping, all_parked;
 
   {
     pthread_mutex_lock (&c->lock);
@@ -610,6 +615,7 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
     c->queue_head = NULL;
     c->queue_tail = &c->queue_head;
     closing = c->closing;
+    stopping = c->stopping;
     all_parked = c->nr_parked > 0 && c->nr_parked >= c->nr_workers;
     pthread_mutex_unlock (&c->lock);
   }
@@ -619,9 +625,10 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
     next = list->next;
     take (c, list);
   }
-  if (closing) {
-    shutdown_conn (c);
-    return;
+  if (closing || stopping) {
+    shutdown_conn (c, closing);
+    if (closing)
+      return;
   }
   /* idle=0: unplug as soon as the submitters have nothing more for us
    * (early Redis: write everything just before the loop sleeps).
