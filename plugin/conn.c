@@ -387,7 +387,7 @@ static int
 submit (struct conn *c, struct request *r, bool wait)
 {
   struct waiter w;
-  bool closing;
+  bool closing, foreign = false;
 
   w.err = 0;
   if (sem_init (&w.done, 0, 0) == -1) {
@@ -407,10 +407,16 @@ submit (struct conn *c, struct request *r, bool wait)
           (c->held_bytes + r->charged > cfg.lim.max_bytes ||
            c->nr_async >= ASYNC_PER_MAX_REQUEST * cfg.lim.max_requests))
         wait = true;
-      note_worker_locked (c);
+      /* A drain comes from another connection's thread (or the main
+       * thread at exit): it is not one of this connection's workers.
+       */
+      foreign = r->kind == REQ_DRAIN;
+      if (!foreign)
+        note_worker_locked (c);
       if (wait) {
         r->waiter = &w;
-        c->nr_parked++;
+        if (!foreign)
+          c->nr_parked++;
       }
       else if (r->kind == REQ_MUTATE) {
         r->async = true;
@@ -439,7 +445,7 @@ submit (struct conn *c, struct request *r, bool wait)
   while (sem_wait (&w.done) == -1 && errno == EINTR)
     ;
   sem_destroy (&w.done);
-  {
+  if (!foreign) {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&c->lock);
     c->nr_parked--;
   }
