@@ -24,7 +24,6 @@ source "${srcdir:-.}/vm/serve-lib.sh"
 source "${srcdir:-.}/vm/vm-lib.sh"
 
 vm_requires
-requires /usr/bin/python3 --version
 plug_resolve
 plug_tmpdir
 vm_fetch

@@ -24,8 +24,6 @@ source "${srcdir:-.}/vm/serve-lib.sh"
 source "${srcdir:-.}/vm/vm-lib.sh"
 
 vm_requires
-requires debugfs -V
-requires e2fsck -V
 plug_resolve
 plug_tmpdir
 vm_fetch

@@ -27,6 +27,9 @@
 # VM_QEMU_ACCEL (default "-accel tcg,thread=multi -cpu max"), and
 # TEST_NBDKIT_OPTS / TEST_NBDKIT_PARAMS (serve-lib.sh; also used in the guest).
 
+# mkfs.ext4, e2fsck, debugfs live in sbin, which a user's PATH may lack.
+export PATH="$PATH:/usr/sbin:/sbin"
+
 : "${NBDPLUG_VM_CACHE:=/var/tmp/nbdplug-vm-cache}"
 : "${VM_TIMEOUT:=300}"
 : "${VM_QEMU_ACCEL:=-accel tcg,thread=multi -cpu max}"
@@ -104,6 +107,11 @@ _vm_fetch_locked ()
             fail "module $m.ko missing from $kpkg"
         done
         touch "$kdir/.complete"
+        # Older ABIs are not needed any more.
+        for x in "$NBDPLUG_VM_CACHE"/kernel-*; do
+          [ "$x" = "$kdir" ] || rm -rf "$x"
+        done
+        x=$NBDPLUG_VM_CACHE/unpack.$$
       else
         echo "$0: apt-get download $kpkg failed; trying the cache" >&2
         kdir=
