@@ -18,7 +18,8 @@
 #                             apt-get/dpkg-deb are missing and nothing is cached
 # vm_fetch                    fill the cache; sets VM_KERNEL VM_MODULES VM_BUSYBOX
 # vm_initramfs OUT SCENARIO [VAR=VALUE...]
-#                             build the initramfs; VAR=VALUE go to /etc/vmtest.conf
+#                             build the initramfs (sets VM_INITRD=OUT);
+#                             VAR=VALUE go to /etc/vmtest.conf
 # vm_run NAME [QEMU-ARGS...]  boot it; serial log in $tmp/NAME.log, printed;
 #                             status 0 iff the guest printed VMTEST-RESULT PASS
 # vm_section LOG TAG          print the lines between VMTEST-BEGIN/END TAG
