@@ -28,11 +28,14 @@ done
 
 # 2. The plugin inside nbdkit.
 plug_tmpdir
-truncate -s 3M "$tmp/a"
-truncate -s 5M "$tmp/b"
 for args in "mode=writeback" "mode=hold" "mode=writeback stripe=64k"; do
+  # model-test expects an export of zeroes at the start.
+  rm -f "$tmp/a" "$tmp/b"
   if [[ $args == *stripe* ]]; then
     truncate -s 4M "$tmp/a" "$tmp/b"
+  else
+    truncate -s 3M "$tmp/a"
+    truncate -s 5M "$tmp/b"
   fi
   # shellcheck disable=SC2086
   $vg nbdkit -D plug.inject_eagain=5 -U - "$PLUGIN" \
