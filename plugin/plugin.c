@@ -206,8 +206,12 @@ parse_size_param (const char *key, const char *value, uint64_t *r,
 {
   int64_t v = nbdkit_parse_size (value);
 
-  if (v == -1)
-    return -1;                  /* nbdkit_parse_size printed the error. */
+  if (v == -1) {
+    /* nbdkit_parse_size's own message does not name the parameter. */
+    nbdkit_error ("%s=%s: expected a size such as 4096, 64k or 1M",
+                  key, value);
+    return -1;
+  }
   if ((uint64_t) v < min || (uint64_t) v > max) {
     nbdkit_error ("%s=%s: must be between %" PRIu64 " and %" PRIu64,
                   key, value, min, max);
@@ -250,6 +254,10 @@ plugin_config (const char *key, const char *value)
   else if (strcmp (key, "stripe") == 0) {
     if (parse_size_param (key, value, &stripe, 512, UINT32_MAX) == -1)
       return -1;
+    if (stripe % 512 != 0) {
+      nbdkit_error ("stripe=%s: must be a multiple of 512", value);
+      return -1;
+    }
   }
   else if (strcmp (key, "mode") == 0) {
     if (strcmp (value, "writeback") == 0)
@@ -389,6 +397,7 @@ plugin_dump_plugin (void)
   printf ("plug_max_merge_default=%d\n", DEFAULT_MAX_MERGE);
   printf ("plug_max_inflight_default=%d\n", DEFAULT_MAX_INFLIGHT);
   printf ("plug_retry_delay_default=3ms\n");
+  printf ("plug_retry_max_delay_default=100ms\n");
   printf ("plug_retry_timeout_default=10s\n");
   printf ("plug_libev=%d.%d\n", ev_version_major (), ev_version_minor ());
 }

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# test-bad-params.sh - every bad parameter stops nbdkit before it serves,
+# with an error that names the parameter or the file.
+#
+# For each case "nbdkit -U - plug ... --run" must exit non-zero without
+# running the --run command, and stderr must match the given pattern.
+#
+# The unreadable file (chmod 000) case runs nbdkit as nobody when the
+# test runs as root (root reads such a file anyway).
+source ./functions.sh
+set -e
+set -x
+
+requires nbdkit --version
+plug_tmpdir
+
+truncate -s 1M "$tmp/good.img" "$tmp/good2.img"
+truncate -s 512K "$tmp/half.img"
+truncate -s 100000 "$tmp/odd.img"
+: > "$tmp/empty.img"
+mkdir "$tmp/dir"
+ln -s "$tmp/nonexistent" "$tmp/dangling"
+good=$tmp/good.img
+
+# bad PATTERN ARGS...: nbdkit plug ARGS must fail and say PATTERN.
+bad ()
+{
+  local pattern=$1 rc=0
+  shift
+  rm -f "$tmp/ran"
+  nbdkit -U - "$PLUGIN" "$@" --run ": > $tmp/ran" 2> "$tmp/err" || rc=$?
+  cat "$tmp/err"
+  if [ $rc -eq 0 ] || [ -e "$tmp/ran" ]; then
+    echo "$0: nbdkit plug $* did not fail"
+    exit 1
+  fi
+  if ! grep -qE -- "$pattern" "$tmp/err"; then
+    echo "$0: nbdkit plug $*: error does not match '$pattern'"
+    exit 1
+  fi
+}
+
+# Control: the good file serves (so the failures below are the
+# parameters', not the harness's).
+nbdkit -U - "$PLUGIN" "$good" --run ": > $tmp/ran"
+test -e "$tmp/ran"
+
+# Files.
+bad "$tmp/nonexistent" "$tmp/nonexistent"
+bad "$tmp/nonexistent" file="$tmp/nonexistent"
+bad "dangling: No such file" "$tmp/dangling"
+bad "file=$tmp/dir.*directory" "$tmp/dir"
+bad "file=$tmp/empty.img: .*empty" "$good" "$tmp/empty.img"
+bad "no backing file given"
+bad "no backing file given" mode=hold
+# Unreadable file.  Root reads a chmod 000 file anyway, so as root run
+# nbdkit as nobody (setpriv), after checking that nobody can serve a
+# readable file from the same directory.
+mkdir "$tmp/pub"
+chmod 755 "$tmp" "$tmp/pub"
+truncate -s 1M "$tmp/pub/readable.img" "$tmp/pub/unreadable.img"
+chmod 666 "$tmp/pub/readable.img"
+chmod 000 "$tmp/pub/unreadable.img"
+as=()
+if [ "$(id -u)" -eq 0 ]; then
+  as=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+  "${as[@]}" nbdkit -U - "$PLUGIN" "$tmp/pub/readable.img" --run 'exit 0' ||
+    as=(skip)
+fi
+if [ "${as[*]}" != skip ]; then
+  rc=0
+  "${as[@]}" nbdkit -U - "$PLUGIN" "$tmp/pub/unreadable.img" \
+             --run 'exit 0' 2> "$tmp/err" || rc=$?
+  cat "$tmp/err"
+  test $rc -ne 0
+  grep "file=$tmp/pub/unreadable.img: open: Permission denied" "$tmp/err"
+else
+  echo "$0: root, and cannot run nbdkit as nobody: unreadable file not tested"
+fi
+
+# Unknown parameter.
+bad "unknown parameter 'foo'" "$good" foo=bar
+
+# Sizes.
+bad "stripe=1MB" "$good" stripe=1MB
+bad "max-bytes=abc" "$good" max-bytes=abc
+bad "max-merge=1x" "$good" max-merge=1x
+bad "stripe=3000: must be a multiple of 512" "$good" stripe=3000
+bad "stripe=100" "$good" stripe=100
+
+# Stripe layouts.
+bad "file=$tmp/odd.img: .*not a multiple of the stripe" \
+    stripe=64k "$tmp/odd.img" "$good"
+bad "file=$tmp/half.img: .*stripe" stripe=64k "$good" "$tmp/half.img"
+
+# Mode, durations, counts.
+bad "mode=bogus" "$good" mode=bogus
+bad "idle=5 parsecs" "$good" idle="5 parsecs"
+bad "max-delay=0" "$good" max-delay=0
+bad "retry-delay=0" "$good" retry-delay=0
+bad "retry-timeout=-1" "$good" retry-timeout=-1
+bad "max-requests=0" "$good" max-requests=0
+bad "max-requests" "$good" max-requests=many
+bad "max-inflight=0" "$good" max-inflight=0

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# test-dump-plugin.sh - nbdkit plug --dump-plugin and --help work
+# without any file, and say what the plugin is and takes.
+#
+# --dump-plugin: exit 0, name=plug, thread_model=parallel (nbdkit's
+# line: the plugin's model is not serialised), magic_config_key=file, and
+# a plug_<parameter>_default line for every tunable.  --help: exit 0 and
+# every parameter the plugin accepts is listed.
+source ./functions.sh
+set -e
+set -x
+
+requires nbdkit --version
+plug_tmpdir
+
+nbdkit "$PLUGIN" --dump-plugin > "$tmp/dump"
+cat "$tmp/dump"
+grep '^name=plug$' "$tmp/dump"
+grep '^thread_model=parallel$' "$tmp/dump"
+grep '^magic_config_key=file$' "$tmp/dump"
+grep '^errno_is_preserved=1$' "$tmp/dump"
+# Values fixed by design, not by measurement.
+grep '^plug_mode_default=writeback$' "$tmp/dump"
+grep '^plug_max_requests_default=[0-9]*(writeback),15(hold)$' "$tmp/dump"
+grep '^plug_retry_delay_default=3ms$' "$tmp/dump"
+# Measured or tunable ones: present, with a value.
+for d in idle max_delay max_bytes max_merge max_inflight \
+         retry_max_delay retry_timeout; do
+  grep "^plug_${d}_default=[0-9]" "$tmp/dump"
+done
+grep '^plug_libev=[0-9]' "$tmp/dump"
+
+nbdkit "$PLUGIN" --help > "$tmp/help"
+cat "$tmp/help"
+for p in file stripe mode idle max-delay max-requests max-bytes max-merge \
+         max-inflight retry-delay retry-max-delay retry-timeout statsfile; do
+  grep "^$p=" "$tmp/help"
+done

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# test-flush-fua.sh - after a FLUSH or FUA reply the data is in the
+# backing file, in both modes.
+#
+# Checked by reading the backing files directly (python os.pread) while
+# the server is still running.  Writeback mode runs with idle=10s
+# max-delay=60s so that an acknowledged write really sits in the plug
+# (checked: the file still reads zero) until the FLUSH, and the FLUSH and
+# the FUA write must not take anywhere near idle= to answer.  Hold mode
+# (defaults) promises more: the data is in the file as soon as a write
+# is answered.  Every write crosses the boundary between the two files.
+source ./functions.sh
+set -e
+set -x
+
+requires nbdkit --version
+requires nbdsh --version
+requires python3 --version
+plug_tmpdir
+
+export tmp
+
+for mode in writeback hold; do
+  params=()
+  [ $mode = hold ] || params=(idle=10s max-delay=60s)
+  truncate -s 1M "$tmp/$mode-0.img"
+  truncate -s 1M "$tmp/$mode-1.img"
+  export mode
+
+  nbdkit -U - "$PLUGIN" "$tmp/$mode-0.img" "$tmp/$mode-1.img" \
+         mode=$mode "${params[@]}" \
+         --run 'nbdsh -u "$uri" -c -' <<'EOF'
+import os, time
+K = 1024
+M = 1024 * K
+mode = os.environ["mode"]
+fds = [os.open("%s/%s-%d.img" % (os.environ["tmp"], mode, i), os.O_RDONLY)
+       for i in (0, 1)]
+assert h.can_flush() and h.can_fua()
+
+def on_disk(off, n):
+    """Export range [off, off+n) read from the backing files themselves."""
+    out = b""
+    while n > 0:
+        i, o = divmod(off, M)
+        k = min(n, M - o)
+        out += os.pread(fds[i], k, o)
+        off += k
+        n -= k
+    return out
+
+def timed(what, fn, *args):
+    t = time.monotonic()
+    fn(*args)
+    t = time.monotonic() - t
+    assert t < 5, "%s took %.1fs: it waited for idle= or max-delay=" % (what, t)
+
+# Plain write, then FLUSH.
+a = b"\x11" * (64 * K)
+timed("write", h.pwrite, a, M - 32 * K)
+if mode == "writeback":
+    assert on_disk(M - 32 * K, 64 * K) == bytes(64 * K), \
+        "premise: the write should still be held in the plug"
+else:
+    assert on_disk(M - 32 * K, 64 * K) == a, "hold: answered before written"
+timed("flush", h.flush)
+assert on_disk(M - 32 * K, 64 * K) == a, "not in the files after FLUSH"
+
+# FUA write: in the files when answered, no FLUSH needed.
+b = b"\x22" * (8 * K)
+timed("FUA write", h.pwrite, b, M - 4 * K, nbd.CMD_FLAG_FUA)
+assert on_disk(M - 4 * K, 8 * K) == b, "not in the files after FUA write"
+
+# FUA zero and FUA trim are answered after they reached the files too.
+timed("FUA zero", h.zero, 2 * K, M - K, nbd.CMD_FLAG_FUA)
+assert on_disk(M - 4 * K, 8 * K) == b"\x22" * (3 * K) + bytes(2 * K) + \
+    b"\x22" * (3 * K)
+timed("FUA trim", h.trim, 64 * K, M - 32 * K, nbd.CMD_FLAG_FUA)
+assert on_disk(M - 32 * K, 64 * K) == bytes(64 * K)
+
+timed("flush", h.flush)
+for fd in fds:
+    os.close(fd)
+EOF
+done

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# test-trim-zero.sh - trim and zero (with and without NO_HOLE) across
+# backing-file boundaries read back as zeroes.
+#
+# Four fully allocated files (all bytes 0xff) are concatenated.  A trim,
+# a zero, and a zero with NBD_CMD_FLAG_NO_HOLE each cross one boundary,
+# plus an unaligned trim inside a file.  Through nbdsh the ranges read
+# back as zeroes and their neighbours are untouched.  After the server has
+# exited the files hold the same bytes, and the aligned trimmed range is
+# a hole in both files (on a regular file trim punches holes).  Both
+# modes.
+source ./functions.sh
+set -e
+set -x
+
+requires nbdkit --version
+requires nbdsh --version
+requires python3 --version
+plug_tmpdir
+
+K=1024
+sizes=($((512 * K)) $((256 * K)) $((512 * K)) $((256 * K)))
+export tmp
+
+for mode in writeback hold; do
+  files=()
+  for i in 0 1 2 3; do
+    f=$tmp/$mode-$i.img
+    python3 -c "import sys; sys.stdout.buffer.write(b'\xff' * ${sizes[i]})" > "$f"
+    files+=("$f")
+  done
+  export mode
+
+  nbdkit -U - "$PLUGIN" "${files[@]}" mode=$mode \
+         --run 'nbdsh -u "$uri" -c -' <<'EOF'
+import os
+K = 1024
+b1, b2, b3 = 512 * K, 768 * K, 1280 * K
+size = 1536 * K
+img = bytearray(b"\xff" * size)
+ranges = [
+    ("trim", b1 - 64 * K, 128 * K),
+    ("trim", 100, 5000),                        # unaligned
+    ("zero", b2 - 32 * K, 64 * K),
+    ("zero-nohole", b3 - 12345, 23456),         # unaligned
+]
+for op, off, n in ranges:
+    if op == "trim":
+        h.trim(n, off)
+    elif op == "zero":
+        h.zero(n, off)
+    else:
+        h.zero(n, off, nbd.CMD_FLAG_NO_HOLE)
+    img[off:off + n] = bytes(n)
+    # Read at once (the request may still be in the plug): zeroes, and
+    # the bytes on either side are still 0xff.
+    assert h.pread(n, off) == bytes(n), (op, off, n)
+    if off > 0:
+        assert h.pread(1, off - 1) == b"\xff", (op, off)
+    assert h.pread(1, off + n) == b"\xff", (op, off, n)
+h.flush()
+assert h.pread(size, 0) == img
+
+with open(os.environ["tmp"] + "/expected-" + os.environ["mode"], "wb") as f:
+    f.write(img)
+EOF
+
+  # The server has exited: the files hold the image ...
+  cat "${files[@]}" | cmp - "$tmp/expected-$mode"
+  # ... and the trim across the first boundary punched holes: the last
+  # 64K of file 0 and the first 64K of file 1.
+  python3 - "${files[0]}" "${files[1]}" <<'EOF'
+import os, sys
+K = 1024
+
+def assert_hole(name, start, end):
+    fd = os.open(name, os.O_RDONLY)
+    try:
+        assert os.lseek(fd, start, os.SEEK_HOLE) == start, (name, start)
+        try:
+            data = os.lseek(fd, start, os.SEEK_DATA)
+        except OSError:                 # ENXIO: only a hole to the end
+            data = os.fstat(fd).st_size
+        assert data >= end, (name, start, end, data)
+    finally:
+        os.close(fd)
+
+assert_hole(sys.argv[1], 448 * K, 512 * K)
+assert_hole(sys.argv[2], 0, 64 * K)
+EOF
+done
