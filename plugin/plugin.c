@@ -149,16 +149,18 @@ stats_publish (const struct plug_stats *conn_stats)
 }
 
 /* nbdkit 1.32 can reach .cleanup while a connection thread is still
- * between .finalize and .close (seen with --run: the process then
- * exits without .close).  Write out every plug, then give connections a
- * moment to close so that their statistics are in the totals.
+ * between .finalize and .close, and that thread then never reaches
+ * .close (seen with --run: it waits behind the main thread until the
+ * process exits).  So write out every plug here and count the
+ * statistics of connections still open; waiting for them to close would
+ * only delay the exit (it cost 2 s in 1 run of 10).
  */
 static void
 plugin_cleanup (void)
 {
   struct plug_stats live = { 0 };
 
-  conns_drain_all (2000000000ULL, &live);
+  conns_drain_all (0, &live);
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&stats_lock);
   if (live.connections > 0) {
     struct plug_stats saved = stats_total;
@@ -357,6 +359,24 @@ plugin_get_ready (void)
   CLEANUP_FREE uint64_t *sizes = NULL;
   enum layout_error why;
   size_t i, bad;
+
+  /* Refuse an unwritable statsfile= now, not at the first close. */
+  if (statsfile) {
+    CLEANUP_FREE char *tmp = NULL;
+    int fd;
+
+    if (asprintf (&tmp, "%s.tmp", statsfile) == -1) {
+      nbdkit_error ("asprintf: %m");
+      return -1;
+    }
+    fd = open (tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd == -1) {
+      nbdkit_error ("statsfile=%s: cannot create %s: %m", statsfile, tmp);
+      return -1;
+    }
+    close (fd);
+    unlink (tmp);
+  }
 
   backings = calloc (files.len, sizeof *backings);
   sizes = calloc (files.len, sizeof *sizes);
