@@ -138,6 +138,14 @@ struct conn {
   struct bqueue *bq;            /* Owned: [nr_backings]. */
   struct request *parked;       /* FLUSH and BARRIER waiting for queues. */
   uint64_t last_activity_ns;    /* Last request taken from the queue. */
+  /* Hold mode, a client with one request in flight: waiting for idle=
+   * can never merge anything (the next request comes only after our
+   * reply), it only adds latency.  After LONE_STREAK idle unplugs of a
+   * single request we unplug as soon as the queue is drained, until a
+   * wakeup brings more than one request again.
+   */
+  unsigned lone_streak;
+  bool passthrough;
   int deferred_err;             /* See the comment at the top. */
 
   /* Atomic counters (any thread). */

@@ -39,6 +39,9 @@
 
 static void dispatch_all (struct conn *c, bool force);
 
+/* See struct conn: idle unplugs of one request before passthrough. */
+#define LONE_STREAK 2
+
 void *
 loop_thread (void *vc)
 {
@@ -608,6 +611,7 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
   struct conn *c = container_of (w, struct conn, wakeup);
   struct request *list, *next;
   bool closing, stopping, all_parked;
+  size_t n;
 
   {
     pthread_mutex_lock (&c->lock);
@@ -621,9 +625,13 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
   }
   if (list)
     c->last_activity_ns = now_ns ();
-  for (; list != NULL; list = next) {
+  for (n = 0; list != NULL; list = next, n++) {
     next = list->next;
     take (c, list);
+  }
+  if (n > 1 && c->passthrough) {
+    c->passthrough = false;     /* The client has concurrency again. */
+    c->lone_streak = 0;
   }
   if (closing || stopping) {
     shutdown_conn (c, closing);
@@ -635,7 +643,7 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
    */
   if (all_parked)
     unplug (c, PLUG_UNPLUG_PARKED);
-  else if (cfg.idle_ns == 0)
+  else if (cfg.idle_ns == 0 || c->passthrough)
     unplug (c, PLUG_UNPLUG_IDLE);
   arm_plug_timer (c);
 }
@@ -647,9 +655,17 @@ plug_timer_cb (struct ev_loop *loop, ev_timer *w, int revents)
   uint64_t now = now_ns ();
 
   if (!plug_is_empty (&c->plug)) {
-    if (now >= c->plug.oldest_ns + cfg.max_delay_ns)
+    bool aged = now >= c->plug.oldest_ns + cfg.max_delay_ns;
+    bool idle = cfg.idle_ns > 0 && now >= c->last_activity_ns + cfg.idle_ns;
+
+    /* A timer had to release a lone held request: see struct conn. */
+    if ((aged || idle) && cfg.mode == MODE_HOLD) {
+      c->lone_streak = c->plug.reqs.len == 1 ? c->lone_streak + 1 : 0;
+      c->passthrough = c->lone_streak >= LONE_STREAK;
+    }
+    if (aged)
       unplug (c, PLUG_UNPLUG_MAX_DELAY);
-    else if (cfg.idle_ns > 0 && now >= c->last_activity_ns + cfg.idle_ns)
+    else if (idle)
       unplug (c, PLUG_UNPLUG_IDLE);
   }
   arm_plug_timer (c);
