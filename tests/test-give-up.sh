@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# A backend that never recovers: -D plug.inject_eagain=1 makes every
+# backend write fail with EAGAIN; retry-timeout=300ms.
+#  - hold mode: the write fails with EIO after about retry-timeout, and
+#    the server keeps serving (reads on that and another connection);
+#  - writeback mode: the write is acknowledged, the next FLUSH fails with
+#    EIO after about retry-timeout, the data stays held (not in the file,
+#    a second FLUSH fails too), and another connection still reads.
+source ./functions.sh
+set -e
+set -x
+
+requires test -x /usr/bin/python3
+requires /usr/bin/python3 -c 'import nbd'
+requires nbdkit --version
+test -f "$PLUGIN"
+
+plug_tmpdir
+
+cat > "$tmp/client.py" <<'EOF'
+import errno, nbd, sys, time
+uri, img, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+timeout = 0.3
+K = 65536
+
+def expect_eio(what, fn):
+    t = time.monotonic()
+    try:
+        fn()
+    except nbd.Error as e:
+        took = time.monotonic() - t
+        if e.errnum != errno.EIO:
+            sys.exit("%s: failed with %r, expected EIO" % (what, e))
+        print("%s: EIO after %.3f s" % (what, took))
+        return took
+    sys.exit("%s: succeeded, expected EIO" % what)
+
+def in_file(off, n):
+    with open(img, "rb") as f:
+        f.seek(off)
+        return f.read(n)
+
+h = nbd.NBD()
+h.connect_uri(uri)
+if mode == "hold":
+    took = expect_eio("hold: write", lambda: h.pwrite(b"W" * K, 0))
+    if not timeout * 0.9 <= took <= timeout + 2:
+        sys.exit("hold: the write failed after %.3f s, retry-timeout is %s s"
+                 % (took, timeout))
+else:
+    t = time.monotonic()
+    h.pwrite(b"W" * K, 0)
+    took = time.monotonic() - t
+    print("writeback: write acknowledged after %.3f s" % took)
+    if took > timeout / 2:
+        sys.exit("writeback: the write waited for the backend")
+    took = expect_eio("writeback: flush", h.flush)
+    if not timeout * 0.9 <= took <= timeout + 2:
+        sys.exit("writeback: flush failed after %.3f s, retry-timeout is %s s"
+                 % (took, timeout))
+    if in_file(0, K) != b"O" * K:
+        sys.exit("writeback: the failed write reached the file")
+    took = expect_eio("writeback: second flush", h.flush)
+    if in_file(0, K) != b"O" * K:
+        sys.exit("writeback: the failed write reached the file")
+
+# The server still serves: another connection, and this one, read.
+h2 = nbd.NBD()
+h2.connect_uri(uri)
+if h2.pread(K, K) != b"O" * K:
+    sys.exit("%s: second connection read wrong data" % mode)
+if h.pread(K, 2 * K) != b"O" * K:
+    sys.exit("%s: first connection read wrong data" % mode)
+h2.shutdown()
+h.shutdown()
+print("%s: ok" % mode)
+EOF
+
+for mode in hold writeback; do
+  img=$tmp/$mode.img
+  /usr/bin/python3 -c 'import sys
+open(sys.argv[1], "wb").write(b"O" * (1 << 20))' "$img"
+  timeout 60 \
+    nbdkit -U - -D plug.inject_eagain=1 "$PLUGIN" file="$img" mode=$mode \
+           retry-timeout=300ms statsfile="$tmp/$mode.json" \
+           --run "/usr/bin/python3 $tmp/client.py \"\$uri\" $img $mode"
+  cat "$tmp/$mode.json"
+  /usr/bin/python3 - "$tmp/$mode.json" $mode <<'EOF'
+import json, sys
+st = json.load(open(sys.argv[1]))
+r = st["retry"]
+if r["gave_up"] < 1:
+    sys.exit("%s: retry.gave_up is %d" % (sys.argv[2], r["gave_up"]))
+if st["backend"]["write"]["ops"] != 0:
+    sys.exit("%s: backend.write.ops %d: a write got through"
+             % (sys.argv[2], st["backend"]["write"]["ops"]))
+if st["connections"] != 2:
+    sys.exit("%s: %d connections, expected 2" % (sys.argv[2], st["connections"]))
+EOF
+  # Nothing of the failed write reached the file.
+  /usr/bin/python3 -c 'import sys
+assert open(sys.argv[1], "rb").read() == b"O" * (1 << 20)' "$img"
+done

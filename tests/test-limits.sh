@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The plug's limits, with idle=10s max-delay=60s so that no timer
+# unplugs (writeback mode: a write's reply does not wait for an unplug):
+#  - max-requests=8 unplugs at 8 held requests;
+#  - max-bytes=64k unplugs at 64 KiB held;
+#  - max-merge=16k caps the merged backend I/O (statsfile, and the
+#    largest pwritev strace saw, when strace is there).
+# 64 sequential 4 KiB writes at queue depth 16, then a flush.
+source ./functions.sh
+set -e
+set -x
+
+requires test -x /usr/bin/python3
+requires /usr/bin/python3 -c 'import nbd'
+requires nbdkit --version
+test -f "$PLUGIN"
+
+plug_tmpdir
+
+n=64
+bs=4096
+
+cat > "$tmp/client.py" <<'EOF'
+import nbd, sys
+uri, img, n, bs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+qd = 16
+h = nbd.NBD()
+h.connect_uri(uri)
+errs = []
+def done(err):
+    if err.value:
+        errs.append(err.value)
+    return 1
+i = 0
+while i < n or h.aio_in_flight() > 0:
+    while i < n and h.aio_in_flight() < qd:
+        data = bytearray([i % 250 + 1]) * bs
+        h.aio_pwrite(nbd.Buffer.from_bytearray(data), i * bs, completion=done)
+        i += 1
+    h.poll(-1)
+h.flush()
+if errs:
+    sys.exit("write errors: %r" % errs[:10])
+d = open(img, "rb").read(n * bs)
+for i in range(n):
+    if d[i * bs:(i + 1) * bs] != bytes([i % 250 + 1]) * bs:
+        sys.exit("block %d is not in the file after flush" % i)
+h.shutdown()
+EOF
+
+# run NAME PLUG-ARGS...; the statistics are in $tmp/NAME.json
+run ()
+{
+  local name=$1 img=$tmp/$1.img
+  shift
+  truncate -s 1M "$img"
+  timeout 60 \
+    $strace nbdkit -U - "$PLUGIN" file="$img" mode=writeback \
+           idle=10s max-delay=60s statsfile="$tmp/$name.json" "$@" \
+           --run "/usr/bin/python3 $tmp/client.py \"\$uri\" $img $n $bs"
+  cat "$tmp/$name.json"
+}
+
+# check NAME PYTHON-EXPRESSION...: each must be true of st (the stats).
+check ()
+{
+  /usr/bin/python3 - "$tmp/$1.json" "${@:2}" <<'EOF'
+import json, sys
+st = json.load(open(sys.argv[1]))
+u = st["unplugs"]
+lp = st["largest_plug"]
+w = st["backend"]["write"]
+bad = [e for e in sys.argv[2:] if not eval(e)]
+print("unplugs %r largest_plug %r backend.write %r" % (u, lp, w))
+if bad:
+    sys.exit("failed: " + "; ".join(bad))
+EOF
+}
+
+strace=
+run max-requests max-requests=8
+check max-requests 'u["max-requests"] > 0' 'lp["requests"] <= 8' \
+      'u["idle"] == 0 and u["max-delay"] == 0' \
+      "w['bytes'] == $n * $bs"
+
+run max-bytes max-bytes=64k
+check max-bytes 'u["max-bytes"] > 0' 'lp["bytes"] <= 65536' \
+      'u["idle"] == 0 and u["max-delay"] == 0' \
+      "w['bytes'] == $n * $bs"
+
+if strace -f -o /dev/null true >/dev/null 2>&1; then
+  strace="strace -f -qq -e trace=pwritev,pwritev2,pwrite64 -o $tmp/strace.out"
+fi
+run max-merge max-merge=16k
+# All 64 writes sit in one plug until the flush: 256K in runs of at most
+# 16K is at least 16 backend writes, and sequential data merges to
+# exactly that.
+check max-merge 'u["flush"] == 1' 'lp["requests"] == 64' \
+      "w['bytes'] == $n * $bs" "w['ops'] >= w['bytes'] // 16384" \
+      "w['ops'] == w['bytes'] // 16384"
+if [ -n "$strace" ]; then
+  largest=$(sed -n 's/.*pwrite[v2-4]* *(.*= *\([0-9]*\)$/\1/p' "$tmp/strace.out" |
+            sort -n | tail -1)
+  echo "largest backend write: $largest bytes"
+  test "$largest" -le 16384
+  test "$largest" -gt 0
+fi
