@@ -39,6 +39,9 @@
 
 static uint64_t next_conn_id;
 
+/* Tells a worker thread's exit to its connection: see worker_exit. */
+static pthread_key_t worker_key;
+
 static pthread_mutex_t conns_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t conns_cond = PTHREAD_COND_INITIALIZER;
 static struct conn *conns;              /* Protected by conns_lock. */
@@ -226,6 +229,12 @@ conn_close (struct conn *c)
   char *line;
 
   conns_unregister (c);
+  /* nbdkit joined this connection's worker threads before .close, so
+   * their worker_exit has run; but with --threads=1 the connection
+   * thread itself served the requests, and it outlives c.
+   */
+  if (pthread_getspecific (worker_key) == c)
+    pthread_setspecific (worker_key, NULL);
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&c->lock);
     c->closing = true;
@@ -365,6 +374,42 @@ conn_retire (struct conn *c, struct request *r)
     c->nr_async--;
 }
 
+/* Each nbdkit worker thread serves one connection.  When it exits (the
+ * client went away, or the server is stopping) it must stop counting as
+ * a worker that could bring the next request, or a request parked in
+ * hold mode would wait for idle= although nobody is left: the key's
+ * destructor takes it off the list and wakes the loop.
+ */
+static void
+worker_exit (void *vc)
+{
+  struct conn *c = vc;
+  pthread_t self = pthread_self ();
+  size_t i;
+
+  pthread_mutex_lock (&c->lock);
+  for (i = 0; i < c->nr_workers; ++i)
+    if (pthread_equal (c->workers[i], self)) {
+      c->workers[i] = c->workers[--c->nr_workers];
+      break;
+    }
+  pthread_mutex_unlock (&c->lock);
+  ev_async_send (c->loop, &c->wakeup);
+}
+
+int
+conn_init_worker_key (void)
+{
+  int err = pthread_key_create (&worker_key, worker_exit);
+
+  if (err != 0) {
+    errno = err;
+    nbdkit_error ("pthread_key_create: %m");
+    return -1;
+  }
+  return 0;
+}
+
 /* Note the calling worker thread (see struct conn). */
 static void
 note_worker_locked (struct conn *c)
@@ -375,8 +420,21 @@ note_worker_locked (struct conn *c)
   for (i = 0; i < c->nr_workers; ++i)
     if (pthread_equal (c->workers[i], self))
       return;
-  if (c->nr_workers < sizeof c->workers / sizeof c->workers[0])
+  if (c->nr_workers < sizeof c->workers / sizeof c->workers[0]) {
     c->workers[c->nr_workers++] = self;
+    pthread_setspecific (worker_key, c);
+  }
+}
+
+void
+conn_unpark (struct conn *c, struct request *r)
+{
+  if (!r->parked)
+    return;
+  r->parked = false;
+  pthread_mutex_lock (&c->lock);
+  c->nr_parked--;
+  pthread_mutex_unlock (&c->lock);
 }
 
 /* Hand r to the loop.  If `wait`, or if writeback memory is at its
@@ -415,8 +473,10 @@ submit (struct conn *c, struct request *r, bool wait)
         note_worker_locked (c);
       if (wait) {
         r->waiter = &w;
-        if (!foreign)
+        if (!foreign) {
+          r->parked = true;
           c->nr_parked++;
+        }
       }
       else if (r->kind == REQ_MUTATE) {
         r->async = true;
@@ -445,10 +505,6 @@ submit (struct conn *c, struct request *r, bool wait)
   while (sem_wait (&w.done) == -1 && errno == EINTR)
     ;
   sem_destroy (&w.done);
-  if (!foreign) {
-    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&c->lock);
-    c->nr_parked--;
-  }
   if (w.err) {
     errno = w.err;
     return -1;

@@ -69,6 +69,7 @@ struct request {
                                  * once posted or if nobody waits. */
   bool async;                   /* Acknowledged at submission (counted
                                  * in c->nr_async). */
+  bool parked;                  /* Its waiter counts in c->nr_parked. */
 
   /* Protected by c->lock: the dirty list readers check. */
   struct request *dprev, *dnext;
@@ -194,6 +195,15 @@ extern void *loop_thread (void *vc);
 extern void wakeup_cb (struct ev_loop *loop, ev_async *w, int revents);
 extern void plug_timer_cb (struct ev_loop *loop, ev_timer *w, int revents);
 extern void retry_timer_cb (struct ev_loop *loop, ev_timer *w, int revents);
+
+/* The loop posts r's waiter: uncount it from c->nr_parked at once, so
+ * the "all parked" test never sees a worker that is already awake.
+ * Takes c->lock.
+ */
+extern void conn_unpark (struct conn *c, struct request *r);
+
+/* Create the key that tells a worker thread's exit to its connection. */
+extern int conn_init_worker_key (void);
 
 /* Shared helpers. */
 extern void request_free (struct request *r);

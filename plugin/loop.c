@@ -53,12 +53,13 @@ loop_thread (void *vc)
 
 /* Wake the worker waiting for r, exactly once.  Context: loop thread. */
 static void
-post (struct request *r, int err)
+post (struct conn *c, struct request *r, int err)
 {
   struct waiter *w = r->waiter;
 
   if (w == NULL)
     return;
+  conn_unpark (c, r);
   r->waiter = NULL;             /* The waiter's stack frame goes away. */
   w->err = err;
   sem_post (&w->done);
@@ -69,7 +70,7 @@ static void
 request_done (struct conn *c, struct request *r)
 {
   conn_retire (c, r);
-  post (r, r->err);
+  post (c, r, r->err);
   request_free (r);
 }
 
@@ -107,7 +108,7 @@ complete_run (struct conn *c, struct plug_run *run, int err)
  * data is the loop's own copy, so it can stay held without them.
  */
 static void
-post_members (struct plug_run *run, int err)
+post_members (struct conn *c, struct plug_run *run, int err)
 {
   size_t i;
 
@@ -115,7 +116,7 @@ post_members (struct plug_run *run, int err)
     struct request *r = run->reqs[i]->opaque;
 
     r->failed = true;
-    post (r, err);
+    post (c, r, err);
   }
 }
 
@@ -137,7 +138,7 @@ bq_push (struct conn *c, struct plug_run *run)
     return;
   }
   if (q->state == BQ_FAILED)
-    post_members (run, q->err);
+    post_members (c, run, q->err);
 }
 
 static struct plug_run *
@@ -190,7 +191,7 @@ give_up (struct conn *c, uint32_t b, uint64_t now)
   q->next_ns = now + cfg.retry.max_delay_ns;
   c->deferred_err = EIO;
   for (i = q->head; i < q->runs.len; ++i)
-    post_members (q->runs.ptr[i], EIO);
+    post_members (c, q->runs.ptr[i], EIO);
 }
 
 /* The backend said "not now" (EAGAIN, ENOMEM, no free slot). */
@@ -231,7 +232,7 @@ hard_error (struct conn *c, uint32_t b, int err, uint64_t now)
 
     q->state = BQ_FAILED;
     for (i = q->head; i < q->runs.len; ++i)
-      post_members (q->runs.ptr[i], err);
+      post_members (c, q->runs.ptr[i], err);
   }
   q->err = err;
   q->next_ns = now + cfg.retry.max_delay_ns;
@@ -250,27 +251,28 @@ count_backend (struct conn *c, const struct plug_run *run)
   stats_count (&c->stats.backend[kind[run->op]], run->count);
 }
 
-/* Issue queue b's runs in order, under one slot reservation.  Stops at
- * the first "not now" (the rest stays behind it: order is kept) or, in
- * writeback mode, at the first real error.
+/* Issue queue b's runs in order.  The loop thread issues one I/O at a
+ * time, so the whole group needs one in-flight slot, taken and given
+ * back with one acquisition of the file's lock each.  No free slot (other
+ * connections use them all) is "not now", like a blk-mq driver without
+ * a free tag.  Stops at the first "not now" from the backend (the rest
+ * stays behind it: order is kept) or, in writeback mode, at the first
+ * real error.
  */
 static void
 dispatch_queue (struct conn *c, uint32_t b, uint64_t now)
 {
   struct bqueue *q = &c->bq[b];
   struct backing *bk = &backings[b];
-  unsigned got, used = 0;
 
-  got = backing_reserve (bk, MIN (bq_live (q), (size_t) UINT_MAX));
-  if (got == 0) {
+  if (backing_reserve (bk, 1) == 0) {
     not_now (c, b, now);
     return;
   }
-  while (used < got && bq_live (q) > 0) {
+  while (bq_live (q) > 0) {
     struct plug_run *run = q->runs.ptr[q->head];
     int r, err;
 
-    used++;
     if (plug_debug_backend_delay_us > 0)
       nanosleep (&(struct timespec) {
           .tv_sec = plug_debug_backend_delay_us / 1000000,
@@ -304,10 +306,7 @@ dispatch_queue (struct conn *c, uint32_t b, uint64_t now)
         break;
     }
   }
-  backing_release (bk, got);
-  /* Fewer slots than runs: the rest waits as if the backend said so. */
-  if (q->state == BQ_OK && bq_live (q) > 0)
-    not_now (c, b, now);
+  backing_release (bk, 1);
 }
 
 /* Is every queue either empty or failed?  Sets *failed if one failed. */
@@ -388,7 +387,7 @@ check_parked (struct conn *c)
       continue;
     }
     *pp = r->next;
-    post (r, err);
+    post (c, r, err);
     request_free (r);
   }
 }
@@ -596,7 +595,7 @@ shutdown_conn (struct conn *c, bool final)
     struct request *r = c->parked;
 
     c->parked = r->next;
-    post (r, ESHUTDOWN);
+    post (c, r, ESHUTDOWN);
     request_free (r);
   }
   ev_timer_stop (c->loop, &c->plug_timer);
@@ -620,7 +619,6 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
     c->queue_tail = &c->queue_head;
     closing = c->closing;
     stopping = c->stopping;
-    all_parked = c->nr_parked > 0 && c->nr_parked >= c->nr_workers;
     pthread_mutex_unlock (&c->lock);
   }
   if (list)
@@ -638,6 +636,12 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
     if (closing)
       return;
   }
+  /* Read after taking the batch: unplugs while taking it woke workers.
+   * Still parked only counts what waits in this plug or its queues.
+   */
+  pthread_mutex_lock (&c->lock);
+  all_parked = c->nr_parked > 0 && c->nr_parked >= c->nr_workers;
+  pthread_mutex_unlock (&c->lock);
   /* idle=0: unplug as soon as the submitters have nothing more for us
    * (early Redis: write everything just before the loop sleeps).
    */

@@ -378,6 +378,9 @@ plugin_get_ready (void)
     unlink (tmp);
   }
 
+  if (conn_init_worker_key () == -1)
+    return -1;
+
   backings = calloc (files.len, sizeof *backings);
   sizes = calloc (files.len, sizeof *sizes);
   if (backings == NULL || sizes == NULL) {
