@@ -171,6 +171,9 @@ conn_open (void)
   c->stats.connections = 1;
   pthread_mutex_init (&c->lock, NULL);
   c->queue_tail = &c->queue_head;
+  c->pending_unplug = -1;
+  if (iopool_start (cfg.io_threads) == -1)
+    goto err_lock;
   if (plug_init (&c->plug, &cfg.lim, nr_backings) == -1) {
     nbdkit_error ("plug_init: %m");
     goto err_lock;
@@ -251,7 +254,7 @@ conn_close (struct conn *c)
   /* The loop thread has stopped its watchers and drained everything. */
   ev_loop_destroy (c->loop);
   for (b = 0; b < nr_backings; ++b)
-    plug_run_vector_reset (&c->bq[b].runs);
+    job_vector_reset (&c->bq[b].jobs);
   free (c->bq);
   plug_free (&c->plug);
   pthread_mutex_destroy (&c->lock);
@@ -424,6 +427,16 @@ note_worker_locked (struct conn *c)
     c->workers[c->nr_workers++] = self;
     pthread_setspecific (worker_key, c);
   }
+}
+
+void
+conn_job_done (struct conn *c, struct job *j)
+{
+  pthread_mutex_lock (&c->lock);
+  j->next = c->done;
+  c->done = j;
+  pthread_mutex_unlock (&c->lock);
+  ev_async_send (c->loop, &c->wakeup);
 }
 
 void

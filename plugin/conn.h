@@ -29,9 +29,11 @@
 
 #include <ev.h>
 
+#include "iopool.h"
 #include "plug.h"
 #include "retry.h"
 #include "stats.h"
+#include "vector.h"
 
 enum req_kind {
   REQ_MUTATE,                   /* write, zero or trim: enters the plug */
@@ -82,9 +84,7 @@ struct request {
   struct plug_req pieces[];     /* One per backing-file piece. */
 };
 
-/* The runs of one backing file taken out of the plug and not yet
- * completed, in order.  The blk-mq hctx dispatch list, per connection.
- */
+/* The blk-mq hctx dispatch list, per connection and backing file. */
 enum bq_state {
   BQ_OK,
   BQ_DELAYED,                   /* "Not now": retry at next_ns. */
@@ -92,9 +92,17 @@ enum bq_state {
                                  * at next_ns and at every FLUSH. */
 };
 
+DEFINE_VECTOR_TYPE (job_vector, struct job *)
+
+/* The runs of one backing file taken out of the plug and not yet
+ * completed, oldest first, each wrapped in a job (iopool.h).  Several
+ * may be in flight; a run is issued only when no unfinished run of an
+ * older unplug overlaps it, so overlapping data reaches the file in the
+ * order it was acknowledged.
+ */
 struct bqueue {
-  plug_run_vector runs;         /* Owned runs; [0] is the head. */
-  size_t head;                  /* Index of the first live run. */
+  job_vector jobs;              /* Owned jobs, oldest first. */
+  unsigned nr_inflight;
   enum bq_state state;
   struct retry_state retry;
   uint64_t next_ns;             /* When a delayed/failed queue reruns. */
@@ -130,6 +138,7 @@ struct conn {
   pthread_t workers[64];
   size_t nr_workers;
   size_t nr_parked;
+  struct job *done;             /* Completed by the pool, not yet seen. */
 
   /* Loop thread only. */
   ev_async wakeup;              /* Kicked by worker threads. */
@@ -138,6 +147,15 @@ struct conn {
   struct plug plug;
   struct bqueue *bq;            /* Owned: [nr_backings]. */
   struct request *parked;       /* FLUSH and BARRIER waiting for queues. */
+  unsigned inflight;            /* Jobs in the pool, all files. */
+  uint64_t next_batch;          /* Unplug counter for struct job. */
+  bool last_attempt;            /* Closing or server exit: what fails now
+                                 * is dropped, not retried. */
+  bool finishing;               /* Closing: stop once nothing is left. */
+  int pending_unplug;           /* -1, or a reason to unplug at the end
+                                 * of this wakeup (FUA, fast zero,
+                                 * memory): once per batch, not once per
+                                 * request. */
   uint64_t last_activity_ns;    /* Last request taken from the queue. */
   /* Hold mode, a client with one request in flight: waiting for idle=
    * can never merge anything (the next request comes only after our
@@ -204,6 +222,9 @@ extern void conn_unpark (struct conn *c, struct request *r);
 
 /* Create the key that tells a worker thread's exit to its connection. */
 extern int conn_init_worker_key (void);
+
+/* A pool thread finished j: hand it back to its loop.  Takes c->lock. */
+extern void conn_job_done (struct conn *c, struct job *j);
 
 /* Shared helpers. */
 extern void request_free (struct request *r);

@@ -30,7 +30,9 @@
 #include <nbdkit-plugin.h>
 
 #include "backing.h"
+#include "cleanup.h"
 #include "conn.h"
+#include "iopool.h"
 #include "minmax.h"
 #include "plugin.h"
 
@@ -123,32 +125,56 @@ post_members (struct conn *c, struct plug_run *run, int err)
 static size_t
 bq_live (const struct bqueue *q)
 {
-  return q->runs.len - q->head;
+  return q->jobs.len;
 }
 
 static void
-bq_push (struct conn *c, struct plug_run *run)
+bq_push (struct conn *c, struct plug_run *run, uint64_t batch)
 {
   struct bqueue *q = &c->bq[run->backing];
+  struct job *j = calloc (1, sizeof *j);
 
-  if (plug_run_vector_append (&q->runs, run) == -1) {
+  if (j == NULL || job_vector_append (&q->jobs, j) == -1) {
     /* Cannot even queue it: fail it (nothing was written). */
     nbdkit_error ("file=%s: queue: %m", backings[run->backing].name);
+    free (j);
     complete_run (c, run, EIO);
     return;
   }
+  j->c = c;
+  j->run = run;
+  j->batch = batch;
   if (q->state == BQ_FAILED)
     post_members (c, run, q->err);
 }
 
-static struct plug_run *
-bq_pop (struct bqueue *q)
+/* Take job i out of its queue (it is finished), keeping the order. */
+static void
+bq_remove (struct bqueue *q, size_t i)
 {
-  struct plug_run *run = q->runs.ptr[q->head++];
+  memmove (&q->jobs.ptr[i], &q->jobs.ptr[i+1],
+           (q->jobs.len - i - 1) * sizeof q->jobs.ptr[0]);
+  q->jobs.len--;
+}
 
-  if (q->head == q->runs.len)
-    q->head = q->runs.len = 0;
-  return run;
+static size_t
+bq_index (const struct bqueue *q, const struct job *j)
+{
+  size_t i;
+
+  for (i = 0; i < q->jobs.len; ++i)
+    if (q->jobs.ptr[i] == j)
+      return i;
+  abort ();
+}
+
+/* Finish job j of queue q: complete its run's requests with err. */
+static void
+job_finish (struct conn *c, struct bqueue *q, struct job *j, int err)
+{
+  bq_remove (q, bq_index (q, j));
+  complete_run (c, j->run, err);
+  free (j);
 }
 
 static void
@@ -170,15 +196,20 @@ give_up (struct conn *c, uint32_t b, uint64_t now)
   size_t i;
 
   STATS_ADD (c->stats.gave_up, 1);
-  for (i = q->head; i < q->runs.len; ++i)
-    log_run ("giving up after retry-timeout:", q->runs.ptr[i], EAGAIN);
+  for (i = 0; i < q->jobs.len; ++i)
+    if (!q->jobs.ptr[i]->inflight)
+      log_run ("giving up after retry-timeout:", q->jobs.ptr[i]->run, EAGAIN);
 
   if (cfg.mode == MODE_HOLD) {
     /* Nothing was acknowledged: fail the requests with EIO (never EAGAIN:
-     * nbdkit would send it as NBD_EINVAL).
+     * nbdkit would send it as NBD_EINVAL).  Jobs in flight finish by
+     * themselves.
      */
-    while (bq_live (q) > 0)
-      complete_run (c, bq_pop (q), EIO);
+    for (i = 0; i < q->jobs.len; )
+      if (q->jobs.ptr[i]->inflight)
+        i++;
+      else
+        job_finish (c, q, q->jobs.ptr[i], EIO);
     q->state = BQ_OK;
     retry_reset (&q->retry);
     return;
@@ -190,11 +221,13 @@ give_up (struct conn *c, uint32_t b, uint64_t now)
   q->err = EIO;
   q->next_ns = now + cfg.retry.max_delay_ns;
   c->deferred_err = EIO;
-  for (i = q->head; i < q->runs.len; ++i)
-    post_members (c, q->runs.ptr[i], EIO);
+  for (i = 0; i < q->jobs.len; ++i)
+    post_members (c, q->jobs.ptr[i]->run, EIO);
 }
 
-/* The backend said "not now" (EAGAIN, ENOMEM, no free slot). */
+/* The backend said "not now" (EAGAIN, ENOMEM, no free slot).  Several
+ * jobs of one wave may say so: only the first one counts as an attempt.
+ */
 static void
 not_now (struct conn *c, uint32_t b, uint64_t now)
 {
@@ -202,6 +235,8 @@ not_now (struct conn *c, uint32_t b, uint64_t now)
   uint64_t delay;
 
   STATS_ADD (c->stats.eagain, 1);
+  if (q->state == BQ_DELAYED)
+    return;
   if (q->state == BQ_FAILED) {
     q->next_ns = now + cfg.retry.max_delay_ns;
     return;
@@ -214,25 +249,24 @@ not_now (struct conn *c, uint32_t b, uint64_t now)
     give_up (c, b, now);
 }
 
-/* A real error on the head run of queue b. */
+/* A real error on job j of queue b. */
 static void
-hard_error (struct conn *c, uint32_t b, int err, uint64_t now)
+hard_error (struct conn *c, uint32_t b, struct job *j, int err, uint64_t now)
 {
   struct bqueue *q = &c->bq[b];
-  struct plug_run *run = q->runs.ptr[q->head];
 
   STATS_ADD (c->stats.errors, 1);
-  log_run ("cannot", run, err);
+  log_run ("cannot", j->run, err);
   if (cfg.mode == MODE_HOLD) {
-    complete_run (c, bq_pop (q), err);
+    job_finish (c, q, j, err);
     return;
   }
   if (q->state != BQ_FAILED) {
     size_t i;
 
     q->state = BQ_FAILED;
-    for (i = q->head; i < q->runs.len; ++i)
-      post_members (c, q->runs.ptr[i], err);
+    for (i = 0; i < q->jobs.len; ++i)
+      post_members (c, q->jobs.ptr[i]->run, err);
   }
   q->err = err;
   q->next_ns = now + cfg.retry.max_delay_ns;
@@ -251,62 +285,104 @@ count_backend (struct conn *c, const struct plug_run *run)
   stats_count (&c->stats.backend[kind[run->op]], run->count);
 }
 
-/* Issue queue b's runs in order.  The loop thread issues one I/O at a
- * time, so the whole group needs one in-flight slot, taken and given
- * back with one acquisition of the file's lock each.  No free slot (other
- * connections use them all) is "not now", like a blk-mq driver without
- * a free tag.  Stops at the first "not now" from the backend (the rest
- * stays behind it: order is kept) or, in writeback mode, at the first
- * real error.
+/* Must job i wait for an older unfinished run that overlaps it?  Jobs
+ * are in unplug order and one unplug's runs never overlap, so only the
+ * jobs of older batches, which all come first, need a look.
+ */
+static bool
+blocked_by_older (const struct bqueue *q, size_t i)
+{
+  const struct plug_run *run = q->jobs.ptr[i]->run;
+  size_t k;
+
+  for (k = 0; k < i && q->jobs.ptr[k]->batch != q->jobs.ptr[i]->batch; ++k) {
+    const struct plug_run *o = q->jobs.ptr[k]->run;
+
+    if (o->offset < run->offset + run->count &&
+        run->offset < o->offset + o->count)
+      return true;
+  }
+  return false;
+}
+
+/* Issue what queue b can issue now, oldest first: every queued run not
+ * blocked by an older overlapping one, as far as the file's in-flight
+ * slots allow, taken with one acquisition of the file's lock.  No free
+ * slot while none of ours is in flight (other connections use them all)
+ * is "not now", like a blk-mq driver without a free tag; with ours in
+ * flight, their completion dispatches again.
  */
 static void
 dispatch_queue (struct conn *c, uint32_t b, uint64_t now)
 {
   struct bqueue *q = &c->bq[b];
   struct backing *bk = &backings[b];
+  CLEANUP_FREE struct job **ready = NULL;
+  size_t i, n = 0;
+  unsigned got;
 
-  if (backing_reserve (bk, 1) == 0) {
-    not_now (c, b, now);
+  ready = malloc (q->jobs.len * sizeof *ready);
+  if (ready == NULL) {
+    not_now (c, b, now);        /* ENOMEM: a real "not now". */
     return;
   }
-  while (bq_live (q) > 0) {
-    struct plug_run *run = q->runs.ptr[q->head];
-    int r, err;
-
-    if (plug_debug_backend_delay_us > 0)
-      nanosleep (&(struct timespec) {
-          .tv_sec = plug_debug_backend_delay_us / 1000000,
-          .tv_nsec = plug_debug_backend_delay_us % 1000000 * 1000 }, NULL);
-    if (inject_eagain ()) {
-      r = -1;
-      err = EAGAIN;
-    }
-    else {
-      r = backing_issue_run (bk, run);
-      err = errno;
-    }
-    if (r == 0) {
-      count_backend (c, run);
-      if (q->state == BQ_FAILED)
-        nbdkit_debug ("file=%s: recovered after an error",
-                      backings[b].name);
-      q->state = BQ_OK;
-      retry_reset (&q->retry);
-      complete_run (c, bq_pop (q), 0);
-    }
-    else if (err == ENOTSUP && (run->flags & PLUG_F_FAST))
-      complete_run (c, bq_pop (q), ENOTSUP);
-    else if (retry_is_transient (err)) {
+  for (i = 0; i < q->jobs.len; ++i)
+    if (!q->jobs.ptr[i]->inflight && !blocked_by_older (q, i))
+      ready[n++] = q->jobs.ptr[i];
+  if (n == 0)
+    return;
+  got = backing_reserve (bk, MIN (n, (size_t) UINT_MAX));
+  if (got == 0) {
+    if (q->nr_inflight == 0)
       not_now (c, b, now);
-      break;
-    }
-    else {
-      hard_error (c, b, err, now);
-      if (cfg.mode == MODE_WRITEBACK)
-        break;
-    }
+    return;
   }
-  backing_release (bk, 1);
+  for (i = 0; i < got; ++i) {
+    ready[i]->inflight = true;
+    q->nr_inflight++;
+    c->inflight++;
+    iopool_submit (ready[i]);
+  }
+}
+
+/* A pool thread finished job j.  Context: loop thread. */
+static void
+job_done (struct conn *c, struct job *j, uint64_t now)
+{
+  uint32_t b = j->run->backing;
+  struct bqueue *q = &c->bq[b];
+  int err = j->err;
+
+  j->inflight = false;
+  q->nr_inflight--;
+  c->inflight--;
+  backing_release (&backings[b], 1);
+
+  if (err == 0) {
+    count_backend (c, j->run);
+    if (q->state == BQ_FAILED)
+      nbdkit_debug ("file=%s: recovered after an error", backings[b].name);
+    /* Progress: the backend takes I/O again, so a delayed queue runs
+     * now rather than at its timer (blk-mq restarts a queue that got
+     * BLK_STS_RESOURCE when one of its requests completes; the delayed
+     * run is only for a queue with nothing in flight).
+     */
+    if (q->state == BQ_DELAYED)
+      STATS_ADD (c->stats.restarted, 1);
+    q->state = BQ_OK;
+    retry_reset (&q->retry);
+    job_finish (c, q, j, 0);
+  }
+  else if (err == ENOTSUP && (j->run->flags & PLUG_F_FAST))
+    job_finish (c, q, j, ENOTSUP);
+  else if (c->last_attempt) {
+    log_run ("last attempt failed, dropping", j->run, err);
+    job_finish (c, q, j, ESHUTDOWN);
+  }
+  else if (retry_is_transient (err))
+    not_now (c, b, now);        /* j stays queued, in its place. */
+  else
+    hard_error (c, b, j, err, now);
 }
 
 /* Is every queue either empty or failed?  Sets *failed if one failed. */
@@ -426,6 +502,11 @@ dispatch_all (struct conn *c, bool force)
       continue;
     if (q->state != BQ_OK && !force && now < q->next_ns)
       continue;
+    /* A delayed queue that is due starts a new attempt: its next "not
+     * now" counts again (a failed one stays failed until a success).
+     */
+    if (q->state == BQ_DELAYED)
+      q->state = BQ_OK;
     dispatch_queue (c, b, now);
   }
   check_parked (c);
@@ -457,9 +538,20 @@ unplug (struct conn *c, enum plug_reason reason)
                   "%" PRIu64 " bytes -> %zu runs", c->id,
                   plug_reason_name (reason), nreqs, bytes, runs.len);
   for (i = 0; i < runs.len; ++i)
-    bq_push (c, runs.ptr[i]);
+    bq_push (c, runs.ptr[i], c->next_batch);
+  c->next_batch++;
   plug_run_vector_reset (&runs);
   dispatch_all (c, false);
+}
+
+/* Remember to unplug at the end of this wakeup; the first reason noted
+ * is the one counted.
+ */
+static void
+note_unplug (struct conn *c, enum plug_reason reason)
+{
+  if (c->pending_unplug == -1)
+    c->pending_unplug = reason;
 }
 
 /* Hold the pieces of a write, zero or trim; unplug if it asks for it. */
@@ -483,14 +575,17 @@ take_mutation (struct conn *c, struct request *r)
       }
     }
   }
+  /* FUA, fast zero ("MUST fail quickly") and a writer waiting for
+   * memory go out at the end of this wakeup, with whatever else the
+   * batch brings: once per batch, not one unplug per request.
+   */
   if (r->fua)
-    unplug (c, PLUG_UNPLUG_FUA);
+    note_unplug (c, PLUG_UNPLUG_FUA);
   else if (r->fast)
-    /* NBD: a fast zero "MUST fail quickly": never wait in the plug. */
-    unplug (c, PLUG_UNPLUG_FAST_ZERO);
+    note_unplug (c, PLUG_UNPLUG_FAST_ZERO);
   else if (r->waiter && cfg.mode == MODE_WRITEBACK)
-    unplug (c, PLUG_UNPLUG_MEMORY);
-  else if (plug_full (&c->plug, &reason))
+    note_unplug (c, PLUG_UNPLUG_MEMORY);
+  if (plug_full (&c->plug, &reason))
     unplug (c, reason);
 }
 
@@ -567,30 +662,41 @@ arm_plug_timer (struct conn *c)
 }
 
 /* Connection close or server exit: blk_finish_plug, then a last attempt
- * for whatever waits for a backend; what still fails is logged and
- * dropped (ESHUTDOWN to anybody waiting): NBD has no way to report an
- * error at close.  final: the connection is closing, stop the loop.
+ * for whatever waits for a backend.  What fails in the last attempt is
+ * logged and dropped (ESHUTDOWN to anybody waiting): NBD has no way to
+ * report an error at close.  Closing: the loop stops once nothing is in
+ * flight (pool threads hold pointers into this connection until then).
  */
 static void
-shutdown_conn (struct conn *c, bool final)
+shutdown_conn (struct conn *c, bool closing)
 {
-  size_t b;
+  size_t b, i;
 
+  c->last_attempt = true;
+  c->finishing |= closing;
   unplug (c, PLUG_UNPLUG_CLOSE);
   dispatch_all (c, true);
+  /* Queued jobs that could not even be issued (blocked, no slot). */
   for (b = 0; b < nr_backings; ++b) {
     struct bqueue *q = &c->bq[b];
 
-    while (bq_live (q) > 0) {
-      struct plug_run *run = bq_pop (q);
+    if (q->nr_inflight > 0)
+      continue;                 /* Their completions issue the rest. */
+    for (i = 0; i < q->jobs.len; ) {
+      struct job *j = q->jobs.ptr[i];
 
-      log_run ("connection closed, dropping", run, q->err ? q->err : EAGAIN);
-      complete_run (c, run, ESHUTDOWN);
+      if (j->inflight) {
+        i++;
+        continue;
+      }
+      log_run ("shutting down, dropping", j->run, q->err ? q->err : EAGAIN);
+      job_finish (c, q, j, ESHUTDOWN);
     }
   }
-  check_parked (c);             /* Drains and flushes now settle. */
-  if (!final)
+  check_parked (c);             /* Drains and flushes settle now. */
+  if (!c->finishing || c->inflight > 0)
     return;
+
   while (c->parked) {
     struct request *r = c->parked;
 
@@ -609,7 +715,9 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
 {
   struct conn *c = container_of (w, struct conn, wakeup);
   struct request *list, *next;
+  struct job *done, *jnext;
   bool closing, stopping, all_parked;
+  uint64_t now;
   size_t n;
 
   {
@@ -617,12 +725,22 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
     list = c->queue_head;               /* Sends coalesce: take all. */
     c->queue_head = NULL;
     c->queue_tail = &c->queue_head;
+    done = c->done;
+    c->done = NULL;
     closing = c->closing;
     stopping = c->stopping;
     pthread_mutex_unlock (&c->lock);
   }
+
+  /* Completions first: they free slots and memory for what follows. */
+  now = now_ns ();
+  for (; done != NULL; done = jnext) {
+    jnext = done->next;
+    job_done (c, done, now);
+  }
+
   if (list)
-    c->last_activity_ns = now_ns ();
+    c->last_activity_ns = now;
   for (n = 0; list != NULL; list = next, n++) {
     next = list->next;
     take (c, list);
@@ -631,11 +749,17 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
     c->passthrough = false;     /* The client has concurrency again. */
     c->lone_streak = 0;
   }
-  if (closing || stopping) {
-    shutdown_conn (c, closing);
-    if (closing)
-      return;
+  if (c->pending_unplug != -1) {
+    enum plug_reason reason = c->pending_unplug;
+
+    c->pending_unplug = -1;
+    unplug (c, reason);
   }
+  if (closing || stopping || c->finishing) {
+    shutdown_conn (c, closing);
+    return;
+  }
+
   /* Read after taking the batch: unplugs while taking it woke workers.
    * Still parked only counts what waits in this plug or its queues.
    */
@@ -649,6 +773,8 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
     unplug (c, PLUG_UNPLUG_PARKED);
   else if (cfg.idle_ns == 0 || c->passthrough)
     unplug (c, PLUG_UNPLUG_IDLE);
+  /* Issue what completions unblocked, settle flushes and barriers. */
+  dispatch_all (c, false);
   arm_plug_timer (c);
 }
 

@@ -25,6 +25,7 @@
 #include "backing.h"
 #include "cleanup.h"
 #include "conn.h"
+#include "iopool.h"
 #include "layout.h"
 #include "minmax.h"
 #include "parse.h"
@@ -58,6 +59,11 @@ NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
 #define DEFAULT_MAX_BYTES         (4 * 1024 * 1024)
 #define DEFAULT_MAX_MERGE         (1024 * 1024)
 #define DEFAULT_MAX_INFLIGHT           64
+/* Threads issuing runs, shared by all connections: as many as nbdkit's
+ * default worker threads per connection, so that unmergeable I/O keeps
+ * the parallelism a plain file plugin has.
+ */
+#define DEFAULT_IO_THREADS             16
 /* blk-mq's BLK_MQ_RESOURCE_DELAY: rerun the queue 3 ms later. */
 #define DEFAULT_RETRY_DELAY_NS    3000000ULL
 #define DEFAULT_RETRY_MAX_DELAY_NS 100000000ULL  /* 100 ms */
@@ -74,6 +80,7 @@ struct config cfg = {
     .max_iov = IOV_MAX,
   },
   .max_inflight = DEFAULT_MAX_INFLIGHT,
+  .io_threads = DEFAULT_IO_THREADS,
   .retry = {
     .delay_ns = DEFAULT_RETRY_DELAY_NS,
     .max_delay_ns = DEFAULT_RETRY_MAX_DELAY_NS,
@@ -181,6 +188,7 @@ plugin_unload (void)
    */
   if (conns_open () > 0)
     return;
+  iopool_stop ();
   for (i = 0; i < nr_backings; ++i)
     backing_close (&backings[i]);
   free (backings);
@@ -297,6 +305,8 @@ plugin_config (const char *key, const char *value)
                              512, UINT64_C (1) << 30);
   else if (strcmp (key, "max-inflight") == 0)
     return parse_count_param (key, value, &cfg.max_inflight, 1, 1 << 16);
+  else if (strcmp (key, "io-threads") == 0)
+    return parse_count_param (key, value, &cfg.io_threads, 1, 1024);
   else if (strcmp (key, "retry-delay") == 0) {
     if (parse_duration_param (key, value, &cfg.retry.delay_ns) == -1)
       return -1;
@@ -419,6 +429,7 @@ plugin_dump_plugin (void)
   printf ("plug_max_bytes_default=%d\n", DEFAULT_MAX_BYTES);
   printf ("plug_max_merge_default=%d\n", DEFAULT_MAX_MERGE);
   printf ("plug_max_inflight_default=%d\n", DEFAULT_MAX_INFLIGHT);
+  printf ("plug_io_threads_default=%d\n", DEFAULT_IO_THREADS);
   printf ("plug_retry_delay_default=3ms\n");
   printf ("plug_retry_max_delay_default=100ms\n");
   printf ("plug_retry_timeout_default=10s\n");
@@ -639,6 +650,7 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   "max-bytes=SIZE          Unplug at SIZE held write bytes; memory bound (4M).\n" \
   "max-merge=SIZE          Largest merged backend I/O (1M).\n" \
   "max-inflight=N          Backend I/Os in flight per file, all connections (64).\n" \
+  "io-threads=N            Threads issuing backend I/O, all connections (16).\n" \
   "retry-delay=DURATION    First retry after EAGAIN/ENOMEM (3ms).\n" \
   "retry-max-delay=DURATION Backoff cap (100ms).\n" \
   "retry-timeout=DURATION  Give up with EIO after this long (10s).\n" \

@@ -29,6 +29,7 @@ struct config {
   uint64_t max_delay_ns;
   struct plug_limits lim;
   unsigned max_inflight;
+  unsigned io_threads;          /* Threads issuing runs (iopool). */
   struct retry_policy retry;
   const char *statsfile;        /* Owned (nbdkit_realpath-like copy). */
 };

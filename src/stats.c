@@ -39,6 +39,7 @@ stats_merge (struct plug_stats *into, const struct plug_stats *from)
   into->held_max_ns = MAX (into->held_max_ns, from->held_max_ns);
   into->eagain += from->eagain;
   into->timer_fired += from->timer_fired;
+  into->restarted += from->restarted;
   into->gave_up += from->gave_up;
   into->errors += from->errors;
 }
@@ -82,9 +83,9 @@ stats_json (const struct plug_stats *s, const char *mode)
   fprintf (fp, "  \"held_ns\": { \"total\": %" PRIu64
            ", \"max\": %" PRIu64 " },\n", s->held_total_ns, s->held_max_ns);
   fprintf (fp, "  \"retry\": { \"eagain\": %" PRIu64
-           ", \"timer_fired\": %" PRIu64 ", \"gave_up\": %" PRIu64
-           ", \"errors\": %" PRIu64 " }\n}\n",
-           s->eagain, s->timer_fired, s->gave_up, s->errors);
+           ", \"timer_fired\": %" PRIu64 ", \"restarted\": %" PRIu64
+           ", \"gave_up\": %" PRIu64 ", \"errors\": %" PRIu64 " }\n}\n",
+           s->eagain, s->timer_fired, s->restarted, s->gave_up, s->errors);
   if (fclose (fp) == EOF) {
     free (buf);
     return NULL;

@@ -41,6 +41,9 @@ struct plug_stats {
   uint64_t held_max_ns;
   uint64_t eagain;              /* "Not now" answers from backends. */
   uint64_t timer_fired;         /* Retry timer expirations. */
+  uint64_t restarted;           /* Delayed queues restarted early by the
+                                 * completion of another in-flight run
+                                 * (blk-mq's SCHED_RESTART). */
   uint64_t gave_up;             /* Runs failed after retry-timeout. */
   uint64_t errors;              /* Backend operations that failed. */
 };

@@ -3,8 +3,10 @@
 # -D plug.inject_eagain=N (every Nth backend write fails with EAGAIN) for
 # N = 2, 7, 50, in both modes, a workload of random writes, reads and
 # flushes reads back what it wrote and leaves it in the file, and
-# statsfile shows retries (retry.eagain > 0, retry.timer_fired > 0) and
-# no failure (gave_up == 0, errors == 0).
+# statsfile shows retries (retry.eagain > 0; the delayed queue rerun by
+# its timer or, with other runs in flight, restarted by their completion
+# as blk-mq does: timer_fired + restarted > 0, and at N = 2 the timer
+# itself fires) and no failure (gave_up == 0, errors == 0).
 source ./functions.sh
 set -e
 set -x
@@ -102,7 +104,10 @@ r = st["retry"]
 print("%s: retry %r backend.write %r" % (sys.argv[2], r, st["backend"]["write"]))
 bad = []
 if r["eagain"] == 0: bad.append("retry.eagain == 0")
-if r["timer_fired"] == 0: bad.append("retry.timer_fired == 0")
+if r["timer_fired"] + r["restarted"] == 0:
+    bad.append("retry.timer_fired + retry.restarted == 0")
+if sys.argv[2].endswith("=2") and r["timer_fired"] == 0:
+    bad.append("retry.timer_fired == 0")
 if r["gave_up"] != 0: bad.append("retry.gave_up %d" % r["gave_up"])
 if r["errors"] != 0: bad.append("retry.errors %d" % r["errors"])
 if bad:
