@@ -23,7 +23,7 @@ BUILD_PKGS="gcc make autoconf automake libtool pkg-config perl
 # valgrind.  The guest kernel and busybox are downloaded by the tests
 # themselves (apt-get download, never installed).
 TEST_PKGS="libnbd-bin python3-libnbd qemu-utils qemu-system-x86 nbd-client
-  e2fsprogs strace valgrind ca-certificates"
+  e2fsprogs strace valgrind ca-certificates jq"
 
 install_missing ()
 {
