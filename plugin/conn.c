@@ -172,6 +172,8 @@ conn_open (void)
   pthread_mutex_init (&c->lock, NULL);
   c->queue_tail = &c->queue_head;
   c->pending_unplug = -1;
+  for (size_t i = 0; i < sizeof c->recent_end / sizeof c->recent_end[0]; ++i)
+    c->recent_start[i] = c->recent_end[i] = UINT64_MAX;
   if (iopool_start (cfg.io_threads) == -1)
     goto err_lock;
   if (plug_init (&c->plug, &cfg.lim, nr_backings) == -1) {
@@ -543,11 +545,114 @@ sync_backings (struct conn *c, const bool *which)
   return 0;
 }
 
-/* Submit a mutation.  A FUA one waits, then syncs the files it touched:
- * NBD "MUST NOT send its reply ... until ... persisted".
+/* The direct path.  The kernel does not plug what cannot merge either:
+ * a request that neither continues a recent write nor overlaps held
+ * data is written by the worker itself, with nbdkit's buffer, the way
+ * a plain file plugin would, instead of being copied, handed to the
+ * loop and to an I/O thread and back.  Sequential streams still enter
+ * the plug from their second request on.
+ *
+ * Ordering is safe: overlapping held (acknowledged) data sends a
+ * request through the plug; a direct request is not acknowledged until
+ * it is written, so nothing later can depend on it before then.
+ */
+#define NR_RECENT (sizeof ((struct conn *) 0)->recent_end / sizeof (uint64_t))
+
+/* Decide under c->lock, and remember where r ends either way. */
+static bool
+want_direct (struct conn *c, const struct request *r)
+{
+  bool streaming = false;
+  size_t i;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&c->lock);
+
+  /* "Near" (within max-merge) rather than adjacent: a stream's
+   * requests arrive shuffled across nbdkit's threads, so a request's
+   * neighbour has often not arrived yet, while a random request is
+   * rarely that close to one of the last few.
+   */
+  for (i = 0; i < NR_RECENT && !streaming; ++i)
+    streaming = c->recent_end[i] != UINT64_MAX &&
+      r->offset <= c->recent_end[i] + cfg.lim.max_merge &&
+      c->recent_start[i] <= r->offset + r->count + cfg.lim.max_merge;
+  c->recent_start[c->recent_pos % NR_RECENT] = r->offset;
+  c->recent_end[c->recent_pos++ % NR_RECENT] = r->offset + r->count;
+  return !streaming && !c->closing &&
+    !dirty_overlaps_locked (c, r->offset, r->count);
+}
+
+/* Write r's pieces from data (NULL for zero and trim).  Returns 0, 1 if
+ * the backend said "not now" (the caller uses the plug, which retries),
+ * or -1 with errno for a real error.
  */
 static int
-submit_mutation (struct conn *c, struct request *r, const char *what)
+do_direct (struct conn *c, struct request *r, const char *data)
+{
+  static const enum stats_backend kind[PLUG_NR_OPS] = {
+    [PLUG_OP_WRITE] = STATS_B_WRITE,
+    [PLUG_OP_ZERO] = STATS_B_ZERO,
+    [PLUG_OP_TRIM] = STATS_B_TRIM,
+  };
+  CLEANUP_FREE struct plug_run *run = NULL;
+  size_t i;
+
+  run = malloc (sizeof *run + sizeof run->reqs[0]);
+  if (run == NULL)
+    return 1;                   /* ENOMEM is "not now". */
+  for (i = 0; i < r->nr_pieces; ++i) {
+    struct plug_req *p = &r->pieces[i];
+    struct backing *bk = &backings[p->backing];
+    int ret, err;
+
+    if (backing_reserve (bk, 1) == 0)
+      return 1;                 /* No free slot: the plug waits for one. */
+    run->op = p->op;
+    run->flags = p->flags;
+    run->backing = p->backing;
+    run->offset = p->offset;
+    run->count = p->count;
+    run->n = 1;
+    run->reqs[0] = p;
+    if (data)
+      p->buf = data + (uintptr_t) p->buf;
+    if (plug_debug_backend_delay_us > 0)
+      nanosleep (&(struct timespec) {
+          .tv_sec = plug_debug_backend_delay_us / 1000000,
+          .tv_nsec = plug_debug_backend_delay_us % 1000000 * 1000 }, NULL);
+    if (inject_eagain ()) {
+      ret = -1;
+      err = EAGAIN;
+    }
+    else {
+      ret = backing_issue_run (bk, run);
+      err = errno;
+    }
+    backing_release (bk, 1);
+    if (data)                   /* Back to an offset: the plug may retry. */
+      p->buf = (const void *) ((const char *) p->buf - data);
+    if (ret == -1) {
+      if (retry_is_transient (err)) {
+        STATS_ADD (c->stats.eagain, 1);
+        return 1;               /* Pieces written so far are rewritten:
+                                 * same data, nobody saw a reply. */
+      }
+      if (!(err == ENOTSUP && (p->flags & PLUG_F_FAST)))
+        STATS_ADD (c->stats.errors, 1);
+      errno = err;
+      return -1;
+    }
+    stats_count (&c->stats.backend[kind[p->op]], p->count);
+  }
+  return 0;
+}
+
+/* Submit a mutation.  A FUA one waits, then syncs the files it touched:
+ * NBD "MUST NOT send its reply ... until ... persisted".  data: the
+ * client's buffer for a write, NULL otherwise.
+ */
+static int
+submit_mutation (struct conn *c, struct request *r, const void *data,
+                 const char *what)
 {
   CLEANUP_FREE bool *touched = NULL;
   size_t i;
@@ -564,7 +669,35 @@ submit_mutation (struct conn *c, struct request *r, const char *what)
     for (i = 0; i < r->nr_pieces; ++i)
       touched[r->pieces[i].backing] = true;
   }
-  ret = submit (c, r, cfg.mode == MODE_HOLD || r->fua || r->fast);
+  ret = 1;
+  if (cfg.direct && want_direct (c, r)) {
+    ret = do_direct (c, r, data);
+    if (ret == 0) {
+      STATS_ADD (c->stats.direct, 1);
+      request_free (r);
+    }
+  }
+  if (ret == 1) {
+    /* Plug it.  In writeback mode the data must be our own copy:
+     * nbdkit reuses its buffer once we return.
+     */
+    if (data && cfg.mode == MODE_WRITEBACK) {
+      r->copy = malloc (r->count);
+      if (r->copy == NULL) {
+        nbdkit_error ("malloc: %m");
+        request_free (r);
+        return -1;
+      }
+      memcpy (r->copy, data, r->count);
+      r->charged = r->count;
+      data = r->copy;
+    }
+    if (data)
+      request_set_data (r, data);
+    ret = submit (c, r, cfg.mode == MODE_HOLD || r->fua || r->fast);
+  }
+  else if (ret == -1)
+    request_free (r);
   if (ret == -1) {
     /* A fast zero that cannot be fast is an answer, not a failure. */
     if (errno != ENOTSUP)
@@ -594,23 +727,7 @@ conn_pwrite (struct conn *c, const void *buf, uint32_t count,
   if (r == NULL)
     return -1;
   r->fua = fua;
-  if (cfg.mode == MODE_WRITEBACK) {
-    /* nbdkit reuses its buffer once we return (protocol.c), and in
-     * writeback mode we return before the data reaches the file.
-     */
-    r->copy = malloc (count);
-    if (r->copy == NULL) {
-      nbdkit_error ("malloc: %m");
-      request_free (r);
-      return -1;
-    }
-    memcpy (r->copy, buf, count);
-    r->charged = count;
-    request_set_data (r, r->copy);
-  }
-  else
-    request_set_data (r, buf);
-  return submit_mutation (c, r, "pwrite");
+  return submit_mutation (c, r, buf, "pwrite");
 }
 
 int
@@ -633,7 +750,7 @@ conn_zero (struct conn *c, uint32_t count, uint64_t offset,
     r->pieces[i].flags = (may_trim ? PLUG_F_MAY_TRIM : 0) |
       (fast ? PLUG_F_FAST : 0);
   }
-  return submit_mutation (c, r, "zero");
+  return submit_mutation (c, r, NULL, "zero");
 }
 
 int
@@ -651,7 +768,7 @@ conn_trim (struct conn *c, uint32_t count, uint64_t offset, bool fua)
   r->fua = fua;
   for (i = 0; i < r->nr_pieces; ++i)
     r->pieces[i].buf = NULL;
-  return submit_mutation (c, r, "trim");
+  return submit_mutation (c, r, NULL, "trim");
 }
 
 int

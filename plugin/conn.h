@@ -139,6 +139,15 @@ struct conn {
   size_t nr_workers;
   size_t nr_parked;
   struct job *done;             /* Completed by the pool, not yet seen. */
+  /* Where the last few writes, zeros and trims started and ended
+   * (export offsets): a request that touches one of them on either side
+   * is part of a stream (whose requests may arrive in any order across
+   * nbdkit's threads) and is worth plugging; any other that overlaps
+   * nothing held cannot merge and goes straight to the files (see
+   * conn.c, direct path).
+   */
+  uint64_t recent_start[16], recent_end[16];
+  unsigned recent_pos;
 
   /* Loop thread only. */
   ev_async wakeup;              /* Kicked by worker threads. */

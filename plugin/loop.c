@@ -761,10 +761,13 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
   }
 
   /* Read after taking the batch: unplugs while taking it woke workers.
-   * Still parked only counts what waits in this plug or its queues.
+   * Runs in flight will wake their workers when they complete (and
+   * this is checked again then), so only with nothing in flight is
+   * nobody left to bring the next request.
    */
   pthread_mutex_lock (&c->lock);
-  all_parked = c->nr_parked > 0 && c->nr_parked >= c->nr_workers;
+  all_parked = c->nr_parked > 0 && c->nr_parked >= c->nr_workers &&
+    c->inflight == 0;
   pthread_mutex_unlock (&c->lock);
   /* idle=0: unplug as soon as the submitters have nothing more for us
    * (early Redis: write everything just before the loop sleeps).

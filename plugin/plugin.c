@@ -51,11 +51,11 @@ NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
 /* Defaults.  Each is explained in the man page, with its measurement. */
 #define DEFAULT_IDLE_NS           1000000ULL    /* 1 ms */
 #define DEFAULT_MAX_DELAY_NS     10000000ULL    /* 10 ms */
-/* Hold mode: below nbdkit's 16 worker threads, so a plug never waits
- * for a request that no free thread can read (the all-parked deadlock).
+/* Both modes.  In hold mode the "parked" trigger, not this limit, keeps
+ * a plug from waiting for a request no free thread can read (see the
+ * man page for the measurement that replaced the old 15).
  */
-#define DEFAULT_MAX_REQUESTS_HOLD      15
-#define DEFAULT_MAX_REQUESTS_WRITEBACK 256
+#define DEFAULT_MAX_REQUESTS           256
 #define DEFAULT_MAX_BYTES         (4 * 1024 * 1024)
 #define DEFAULT_MAX_MERGE         (1024 * 1024)
 #define DEFAULT_MAX_INFLIGHT           64
@@ -81,6 +81,7 @@ struct config cfg = {
   },
   .max_inflight = DEFAULT_MAX_INFLIGHT,
   .io_threads = DEFAULT_IO_THREADS,
+  .direct = true,
   .retry = {
     .delay_ns = DEFAULT_RETRY_DELAY_NS,
     .max_delay_ns = DEFAULT_RETRY_MAX_DELAY_NS,
@@ -305,6 +306,16 @@ plugin_config (const char *key, const char *value)
                              512, UINT64_C (1) << 30);
   else if (strcmp (key, "max-inflight") == 0)
     return parse_count_param (key, value, &cfg.max_inflight, 1, 1 << 16);
+  else if (strcmp (key, "direct") == 0) {
+    if (strcmp (value, "auto") == 0)
+      cfg.direct = true;
+    else if (strcmp (value, "never") == 0)
+      cfg.direct = false;
+    else {
+      nbdkit_error ("direct=%s: expected auto or never", value);
+      return -1;
+    }
+  }
   else if (strcmp (key, "io-threads") == 0)
     return parse_count_param (key, value, &cfg.io_threads, 1, 1024);
   else if (strcmp (key, "retry-delay") == 0) {
@@ -352,8 +363,7 @@ plugin_config_complete (void)
     return -1;
   }
   if (!max_requests_set)
-    cfg.lim.max_requests = cfg.mode == MODE_HOLD ?
-      DEFAULT_MAX_REQUESTS_HOLD : DEFAULT_MAX_REQUESTS_WRITEBACK;
+    cfg.lim.max_requests = DEFAULT_MAX_REQUESTS;
   if (cfg.retry.max_delay_ns < cfg.retry.delay_ns)
     cfg.retry.max_delay_ns = cfg.retry.delay_ns;
   cfg.statsfile = statsfile;
@@ -424,12 +434,12 @@ plugin_dump_plugin (void)
   printf ("plug_mode_default=writeback\n");
   printf ("plug_idle_default=1ms\n");
   printf ("plug_max_delay_default=10ms\n");
-  printf ("plug_max_requests_default=%d(writeback),%d(hold)\n",
-          DEFAULT_MAX_REQUESTS_WRITEBACK, DEFAULT_MAX_REQUESTS_HOLD);
+  printf ("plug_max_requests_default=%d\n", DEFAULT_MAX_REQUESTS);
   printf ("plug_max_bytes_default=%d\n", DEFAULT_MAX_BYTES);
   printf ("plug_max_merge_default=%d\n", DEFAULT_MAX_MERGE);
   printf ("plug_max_inflight_default=%d\n", DEFAULT_MAX_INFLIGHT);
   printf ("plug_io_threads_default=%d\n", DEFAULT_IO_THREADS);
+  printf ("plug_direct_default=auto\n");
   printf ("plug_retry_delay_default=3ms\n");
   printf ("plug_retry_max_delay_default=100ms\n");
   printf ("plug_retry_timeout_default=10s\n");
@@ -646,11 +656,12 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   "mode=writeback|hold     Acknowledge when held (default) or when written.\n" \
   "idle=DURATION           Unplug when no request came for this long (1ms).\n" \
   "max-delay=DURATION      Unplug when the oldest held request is this old (10ms).\n" \
-  "max-requests=N          Unplug at N held requests (256 writeback, 15 hold).\n" \
+  "max-requests=N          Unplug at N held requests (256).\n" \
   "max-bytes=SIZE          Unplug at SIZE held write bytes; memory bound (4M).\n" \
   "max-merge=SIZE          Largest merged backend I/O (1M).\n" \
   "max-inflight=N          Backend I/Os in flight per file, all connections (64).\n" \
   "io-threads=N            Threads issuing backend I/O, all connections (16).\n" \
+  "direct=auto|never       Write what cannot merge at once, unplugged (auto).\n" \
   "retry-delay=DURATION    First retry after EAGAIN/ENOMEM (3ms).\n" \
   "retry-max-delay=DURATION Backoff cap (100ms).\n" \
   "retry-timeout=DURATION  Give up with EIO after this long (10s).\n" \

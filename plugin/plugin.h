@@ -30,6 +30,8 @@ struct config {
   struct plug_limits lim;
   unsigned max_inflight;
   unsigned io_threads;          /* Threads issuing runs (iopool). */
+  bool direct;                  /* direct=auto: unmergeable requests skip
+                                 * the plug (conn.c, direct path). */
   struct retry_policy retry;
   const char *statsfile;        /* Owned (nbdkit_realpath-like copy). */
 };

@@ -32,6 +32,7 @@ stats_merge (struct plug_stats *into, const struct plug_stats *from)
   }
   for (i = 0; i < PLUG_NR_REASONS; ++i)
     into->unplugs[i] += from->unplugs[i];
+  into->direct += from->direct;
   into->largest_requests = MAX (into->largest_requests,
                                 from->largest_requests);
   into->largest_bytes = MAX (into->largest_bytes, from->largest_bytes);
@@ -77,6 +78,7 @@ stats_json (const struct plug_stats *s, const char *mode)
     fprintf (fp, "%s\n    \"%s\": %" PRIu64, i ? "," : "",
              plug_reason_name (i), s->unplugs[i]);
   fprintf (fp, "\n  },\n");
+  fprintf (fp, "  \"direct\": %" PRIu64 ",\n", s->direct);
   fprintf (fp, "  \"largest_plug\": { \"requests\": %" PRIu64
            ", \"bytes\": %" PRIu64 " },\n",
            s->largest_requests, s->largest_bytes);

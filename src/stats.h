@@ -35,6 +35,8 @@ struct plug_stats {
   struct stats_counter client[STATS_NR_CLIENT];
   struct stats_counter backend[STATS_NR_BACKEND];
   uint64_t unplugs[PLUG_NR_REASONS];
+  uint64_t direct;              /* Requests that could not merge and were
+                                 * written without entering the plug. */
   uint64_t largest_requests;    /* Most requests taken in one unplug. */
   uint64_t largest_bytes;       /* Most bytes taken in one unplug. */
   uint64_t held_total_ns;       /* Sum over requests of time held. */

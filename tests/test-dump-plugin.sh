@@ -21,10 +21,10 @@ grep '^magic_config_key=file$' "$tmp/dump"
 grep '^errno_is_preserved=1$' "$tmp/dump"
 # Values fixed by design, not by measurement.
 grep '^plug_mode_default=writeback$' "$tmp/dump"
-grep '^plug_max_requests_default=[0-9]*(writeback),15(hold)$' "$tmp/dump"
+grep '^plug_max_requests_default=256$' "$tmp/dump"
 grep '^plug_retry_delay_default=3ms$' "$tmp/dump"
 # Measured or tunable ones: present, with a value.
-for d in idle max_delay max_bytes max_merge max_inflight \
+for d in idle max_delay max_bytes max_merge max_inflight io_threads \
          retry_max_delay retry_timeout; do
   grep "^plug_${d}_default=[0-9]" "$tmp/dump"
 done
@@ -33,6 +33,7 @@ grep '^plug_libev=[0-9]' "$tmp/dump"
 nbdkit "$PLUGIN" --help > "$tmp/help"
 cat "$tmp/help"
 for p in file stripe mode idle max-delay max-requests max-bytes max-merge \
-         max-inflight retry-delay retry-max-delay retry-timeout statsfile; do
+         max-inflight io-threads retry-delay retry-max-delay retry-timeout \
+         statsfile; do
   grep "^$p=" "$tmp/help"
 done

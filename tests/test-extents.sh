@@ -24,7 +24,9 @@ for mode in writeback hold; do
   # Writeback: keep an acknowledged write in the plug for the last part.
   # Hold: defaults (a hold-mode write waits for its unplug).
   params=()
-  [ $mode = hold ] || params=(idle=10s max-delay=60s)
+  # direct=never: the requests must wait in the plug (with the default,
+  # a request that cannot merge would be written at once instead).
+  [ $mode = hold ] || params=(idle=10s max-delay=60s direct=never)
   truncate -s 1M "$tmp/$mode-0.img"
   truncate -s 1M "$tmp/$mode-1.img"
   export mode

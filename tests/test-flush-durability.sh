@@ -61,8 +61,10 @@ if elapsed > 8:
 h.shutdown()
 EOF
 
+# direct=never: the requests must wait in the plug (with the default,
+# a request that cannot merge would be written at once instead).
 timeout 60 \
-  nbdkit -U - "$PLUGIN" file="$img" mode=writeback idle=10s max-delay=60s \
+  nbdkit -U - "$PLUGIN" file="$img" mode=writeback idle=10s max-delay=60s direct=never \
          statsfile="$tmp/stats.json" \
          --run "/usr/bin/python3 $tmp/client.py \"\$uri\" $img"
 

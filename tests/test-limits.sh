@@ -54,9 +54,11 @@ run ()
   local name=$1 img=$tmp/$1.img
   shift
   truncate -s 1M "$img"
+  # direct=never: the requests must wait in the plug (with the default,
+  # a request that cannot merge would be written at once instead).
   timeout 60 \
     $strace nbdkit -U - "$PLUGIN" file="$img" mode=writeback \
-           idle=10s max-delay=60s statsfile="$tmp/$name.json" "$@" \
+           idle=10s max-delay=60s direct=never statsfile="$tmp/$name.json" "$@" \
            --run "/usr/bin/python3 $tmp/client.py \"\$uri\" $img $n $bs"
   cat "$tmp/$name.json"
 }

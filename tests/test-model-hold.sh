@@ -10,8 +10,9 @@ source "$srcdir/model-lib.sh"
 # Concat of odd-sized files: file boundaries at 3M and 8M.
 model_run hold-concat concat:3M,5M,8M hold -- \
           --qd 32 --ops 1500 --seed 11
-# RAID-0, 64K stripes: every connection crosses stripe edges.
-model_run hold-stripe stripe:64K:3:4M hold -- \
+# RAID-0, 64K stripes: every connection crosses stripe edges; every
+# request through the plug (direct=never).
+model_run hold-stripe stripe:64K:3:4M hold direct=never -- \
           --qd 64 --ops 1500 --seed 12
 # One nbdkit thread per connection: a held request must be dispatched
 # without waiting for a next request that can never arrive.

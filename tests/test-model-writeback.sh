@@ -11,11 +11,13 @@ source "$srcdir/model-lib.sh"
 model_run wb-concat concat:3M,5M,8M writeback -- \
           --qd 32 --ops 1500 --seed 1
 # RAID-0, 64K stripes: every connection crosses stripe edges.
-model_run wb-stripe stripe:64K:3:4M writeback -- \
+model_run wb-stripe stripe:64K:3:4M writeback direct=never -- \
           --qd 64 --ops 1500 --seed 2
-# Small limits: many max-requests/max-bytes unplugs and short merges.
+# Small limits: many max-requests/max-bytes unplugs and short merges;
+# direct=never: every request goes through the plug (the other runs mix
+# plugged requests with the direct path for those that cannot merge).
 model_run wb-tight concat:3M,5M,8M writeback \
-          max-requests=4 max-bytes=64k max-merge=32k -- \
+          max-requests=4 max-bytes=64k max-merge=32k direct=never -- \
           --qd 16 --ops 1000 --seed 3 --fua-all
 # Files whose sizes are not multiples of 512.
 model_run wb-unaligned concat:1049088,2093056,1000000 writeback -- \

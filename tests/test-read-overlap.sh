@@ -56,8 +56,10 @@ for case in overlap apart; do
   img=$tmp/$case.img
   /usr/bin/python3 -c 'import sys
 open(sys.argv[1], "wb").write(b"O" * (1 << 20))' "$img"
+  # direct=never: the requests must wait in the plug (with the default,
+  # a request that cannot merge would be written at once instead).
   timeout 60 \
-    nbdkit -U - "$PLUGIN" file="$img" mode=writeback idle=10s max-delay=60s \
+    nbdkit -U - "$PLUGIN" file="$img" mode=writeback idle=10s max-delay=60s direct=never \
            statsfile="$tmp/$case.json" \
            --run "/usr/bin/python3 $tmp/client.py \"\$uri\" $img $case"
   cat "$tmp/$case.json"

@@ -101,6 +101,8 @@ open(sys.argv[1], "wb").write(b"A" * (4 << 20))' "$d/img"
 
 run base file "$tmp/base/img"
 for mode in writeback hold; do
+  # direct=never: the requests must wait in the plug (with the default,
+  # a request that cannot merge would be written at once instead).
   run $mode "$PLUGIN" file="$tmp/$mode/img" mode=$mode \
-      idle=10s max-delay=60s
+      idle=10s max-delay=60s direct=never
 done

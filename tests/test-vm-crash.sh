@@ -34,7 +34,9 @@ plug_resolve
 plug_tmpdir
 vm_fetch
 
+# direct=never: the requests must wait in the plug (with the default,
+# a request that cannot merge would be written at once instead).
 vm_initramfs "$tmp/initrd" "${srcdir:-.}/vm/guest-crash.sh" \
-  SIZE_A=24M SIZE_B=40M "PLUG_PARAMS=idle=10s max-delay=60s"
+  SIZE_A=24M SIZE_B=40M "PLUG_PARAMS=idle=10s max-delay=60s direct=never"
 vm_run crash || fail "guest test failed (see the console above)"
 say "PASS"
