@@ -563,18 +563,21 @@ static bool
 want_direct (struct conn *c, const struct request *r)
 {
   bool streaming = false;
+  uint64_t window;
   size_t i;
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&c->lock);
 
-  /* "Near" (within max-merge) rather than adjacent: a stream's
-   * requests arrive shuffled across nbdkit's threads, so a request's
-   * neighbour has often not arrived yet, while a random request is
-   * rarely that close to one of the last few.
+  /* "Near" rather than adjacent: a stream's requests arrive shuffled
+   * across nbdkit's threads, so a request's neighbour has often not
+   * arrived yet.  Near is a window of NR_RECENT requests of this size
+   * (what a client queue of that depth spans), capped at max-merge: a
+   * random request is rarely that close to one of the last few.
    */
+  window = MIN ((uint64_t) NR_RECENT * r->count, cfg.lim.max_merge);
   for (i = 0; i < NR_RECENT && !streaming; ++i)
     streaming = c->recent_end[i] != UINT64_MAX &&
-      r->offset <= c->recent_end[i] + cfg.lim.max_merge &&
-      c->recent_start[i] <= r->offset + r->count + cfg.lim.max_merge;
+      r->offset <= c->recent_end[i] + window &&
+      c->recent_start[i] <= r->offset + r->count + window;
   c->recent_start[c->recent_pos % NR_RECENT] = r->offset;
   c->recent_end[c->recent_pos++ % NR_RECENT] = r->offset + r->count;
   return !streaming && !c->closing &&
@@ -593,12 +596,14 @@ do_direct (struct conn *c, struct request *r, const char *data)
     [PLUG_OP_ZERO] = STATS_B_ZERO,
     [PLUG_OP_TRIM] = STATS_B_TRIM,
   };
-  CLEANUP_FREE struct plug_run *run = NULL;
+  /* A run of one member, on the stack. */
+  union {
+    struct plug_run run;
+    char space[sizeof (struct plug_run) + sizeof (struct plug_req *)];
+  } one;
+  struct plug_run *run = &one.run;
   size_t i;
 
-  run = malloc (sizeof *run + sizeof run->reqs[0]);
-  if (run == NULL)
-    return 1;                   /* ENOMEM is "not now". */
   for (i = 0; i < r->nr_pieces; ++i) {
     struct plug_req *p = &r->pieces[i];
     struct backing *bk = &backings[p->backing];

@@ -102,3 +102,5 @@ bad "retry-timeout=-1" "$good" retry-timeout=-1
 bad "max-requests=0" "$good" max-requests=0
 bad "max-requests" "$good" max-requests=many
 bad "max-inflight=0" "$good" max-inflight=0
+bad "io-threads=0" "$good" io-threads=0
+bad "direct=sometimes" "$good" direct=sometimes
