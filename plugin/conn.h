@@ -168,9 +168,10 @@ struct conn {
   uint64_t last_activity_ns;    /* Last request taken from the queue. */
   /* Hold mode, a client with one request in flight: waiting for idle=
    * can never merge anything (the next request comes only after our
-   * reply), it only adds latency.  After LONE_STREAK idle unplugs of a
-   * single request we unplug as soon as the queue is drained, until a
-   * wakeup brings more than one request again.
+   * reply), it only adds latency.  After LONE_STREAK timer unplugs of a
+   * single request, each while no other request of the client waited
+   * here, we unplug as soon as the queue is drained, until two or more
+   * of its requests wait here at once again.
    */
   unsigned lone_streak;
   bool passthrough;

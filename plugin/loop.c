@@ -716,9 +716,8 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
   struct conn *c = container_of (w, struct conn, wakeup);
   struct request *list, *next;
   struct job *done, *jnext;
-  bool closing, stopping, all_parked;
+  bool closing, stopping, all_parked, concurrent;
   uint64_t now;
-  size_t n;
 
   {
     pthread_mutex_lock (&c->lock);
@@ -741,14 +740,11 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
 
   if (list)
     c->last_activity_ns = now;
-  for (n = 0; list != NULL; list = next, n++) {
+  for (; list != NULL; list = next) {
     next = list->next;
     take (c, list);
   }
-  if (n > 1 && c->passthrough) {
-    c->passthrough = false;     /* The client has concurrency again. */
-    c->lone_streak = 0;
-  }
+
   if (c->pending_unplug != -1) {
     enum plug_reason reason = c->pending_unplug;
 
@@ -768,7 +764,12 @@ wakeup_cb (struct ev_loop *loop, ev_async *w, int revents)
   pthread_mutex_lock (&c->lock);
   all_parked = c->nr_parked > 0 && c->nr_parked >= c->nr_workers &&
     c->inflight == 0;
+  concurrent = c->nr_parked > 1;
   pthread_mutex_unlock (&c->lock);
+  if (concurrent && c->passthrough) {
+    c->passthrough = false;     /* The client has concurrency again. */
+    c->lone_streak = 0;
+  }
   /* idle=0: unplug as soon as the submitters have nothing more for us
    * (early Redis: write everything just before the loop sleeps).
    */
@@ -791,9 +792,17 @@ plug_timer_cb (struct ev_loop *loop, ev_timer *w, int revents)
     bool aged = now >= c->plug.oldest_ns + cfg.max_delay_ns;
     bool idle = cfg.idle_ns > 0 && now >= c->last_activity_ns + cfg.idle_ns;
 
-    /* A timer had to release a lone held request: see struct conn. */
+    /* A timer had to release a lone held request while nothing else of
+     * the client waited here: see struct conn.
+     */
     if ((aged || idle) && cfg.mode == MODE_HOLD) {
-      c->lone_streak = c->plug.reqs.len == 1 ? c->lone_streak + 1 : 0;
+      size_t parked;
+
+      pthread_mutex_lock (&c->lock);
+      parked = c->nr_parked;
+      pthread_mutex_unlock (&c->lock);
+      c->lone_streak = c->plug.reqs.len == 1 && parked <= 1 ?
+        c->lone_streak + 1 : 0;
       c->passthrough = c->lone_streak >= LONE_STREAK;
     }
     if (aged)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Merging, measured outside the plugin: 4096 sequential 4 KiB writes at
 # queue depth 16 reach the backing file as at least 8x fewer write
-# system calls (strace -c), in both modes, while the plain nbdkit file
+# system calls (strace -c) in writeback mode (the default) and at least
+# 4x fewer in hold mode, while the plain nbdkit file
 # plugin makes one pwrite per request; and statsfile's backend.write.ops
 # agrees with the system calls strace counted.
 source ./functions.sh
@@ -98,10 +99,16 @@ for mode in writeback hold; do
   cmp "$tmp/base.img" "$tmp/$mode.img"
   test "$bytes" -eq $((n * 4096))
 
-  # Merging: at least $factor x fewer system calls than requests.
-  if [ "$calls" -eq 0 ] || [ $((calls * factor)) -gt "$n" ]; then
+  # Merging: at least $factor x fewer system calls than requests.  A
+  # hold-mode plug never holds more than the client's 16 requests (15x
+  # here on an idle machine), and when the machine is starved of CPU
+  # its idle timer fires before nbdkit's threads get to submit: 7x was
+  # seen with two busy loops on the two cores, so hold is held to 4x.
+  f=$factor
+  [ $mode = hold ] && f=4
+  if [ "$calls" -eq 0 ] || [ $((calls * f)) -gt "$n" ]; then
     echo "$0: $mode: $calls write syscalls for $n requests:" \
-         "less than ${factor}x merging"
+         "less than ${f}x merging"
     exit 1
   fi
   # statsfile counts what strace saw (a short write would add a call).
