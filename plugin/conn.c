@@ -591,11 +591,6 @@ want_direct (struct conn *c, const struct request *r)
 static int
 do_direct (struct conn *c, struct request *r, const char *data)
 {
-  static const enum stats_backend kind[PLUG_NR_OPS] = {
-    [PLUG_OP_WRITE] = STATS_B_WRITE,
-    [PLUG_OP_ZERO] = STATS_B_ZERO,
-    [PLUG_OP_TRIM] = STATS_B_TRIM,
-  };
   /* A run of one member, on the stack. */
   union {
     struct plug_run run;
@@ -646,7 +641,7 @@ do_direct (struct conn *c, struct request *r, const char *data)
       errno = err;
       return -1;
     }
-    stats_count (&c->stats.backend[kind[p->op]], p->count);
+    stats_count (&c->stats.backend[stats_backend_of (p->op)], p->count);
   }
   return 0;
 }

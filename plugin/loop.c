@@ -276,13 +276,7 @@ hard_error (struct conn *c, uint32_t b, struct job *j, int err, uint64_t now)
 static void
 count_backend (struct conn *c, const struct plug_run *run)
 {
-  static const enum stats_backend kind[PLUG_NR_OPS] = {
-    [PLUG_OP_WRITE] = STATS_B_WRITE,
-    [PLUG_OP_ZERO] = STATS_B_ZERO,
-    [PLUG_OP_TRIM] = STATS_B_TRIM,
-  };
-
-  stats_count (&c->stats.backend[kind[run->op]], run->count);
+  stats_count (&c->stats.backend[stats_backend_of (run->op)], run->count);
 }
 
 /* Must job i wait for an older unfinished run that overlaps it?  Jobs

@@ -72,6 +72,18 @@ stats_count (struct stats_counter *c, uint64_t bytes)
   STATS_ADD (c->bytes, bytes);
 }
 
+/* The backend counter of a plug operation. */
+static inline enum stats_backend
+stats_backend_of (enum plug_op op)
+{
+  switch (op) {
+  case PLUG_OP_WRITE: return STATS_B_WRITE;
+  case PLUG_OP_ZERO: return STATS_B_ZERO;
+  case PLUG_OP_TRIM: return STATS_B_TRIM;
+  }
+  return STATS_B_WRITE;         /* Not reached. */
+}
+
 /* into += from (sums; maxima for the largest/held_max fields). */
 extern void stats_merge (struct plug_stats *into,
                          const struct plug_stats *from)
