@@ -59,6 +59,11 @@ for k in range(80):
     buf = bytes([0x80 + k % 64]) * 1000
     cmds.append(h.aio_pwrite(buf, off))
     img[off:off + 1000] = buf
+# The second burst overlaps the first: NBD gives overlapping writes in
+# flight at the same time no order, so let the first finish (a reply
+# means applied; the second must then win over it).
+while h.aio_in_flight() > 0:
+    h.poll(-1)
 for k in range(70):
     off = b2 - 35000 + k * 1000
     buf = bytes([0x40 + k % 32]) * 1000
