@@ -1,12 +1,16 @@
 /* conn.h: one client connection: its plug, its loop thread, and the
  * queue between nbdkit's worker threads and that loop.
  *
- * The path of a write (writeback mode): a worker copies the data into a
- * struct request, appends it to the submission queue under c->lock,
- * records its range in the dirty list (same critical section), kicks
- * the loop with ev_async_send and returns.  The loop thread drains the
- * queue into the plug (wakeup_cb), unplugs on a trigger, and completes
- * requests as their runs reach the backing files.
+ * The path of a write (writeback mode): a worker builds a struct
+ * request; if it cannot merge (near no recent request, overlapping
+ * nothing held) the worker writes it itself (the direct path, conn.c).
+ * Otherwise it copies the data, appends the request to the submission
+ * queue under c->lock, records its range in the dirty list (same
+ * critical section), kicks the loop with ev_async_send and returns.
+ * The loop thread drains the queue into the plug (wakeup_cb), unplugs
+ * on a trigger, hands runs to the I/O pool (iopool.h) in an order that
+ * keeps overlapping data in sequence, and completes requests as their
+ * runs come back.
  *
  * Who may touch what is written next to every field.  Worker threads
  * only: lock, queue, dirty list, kick, wait on their waiter.  No other
