@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifdef HAVE_LINUX_FS_H
@@ -257,6 +258,18 @@ trim_run (struct backing *b, const struct plug_run *run)
 int
 backing_issue_run (struct backing *b, const struct plug_run *run)
 {
+  /* Testing and benchmarking aids (plugin.c): a per-operation price,
+   * and "not now" answers the NBD protocol could never bring us.
+   */
+  if (plug_debug_backend_delay_us > 0)
+    nanosleep (&(struct timespec) {
+        .tv_sec = plug_debug_backend_delay_us / 1000000,
+        .tv_nsec = plug_debug_backend_delay_us % 1000000 * 1000 }, NULL);
+  if (inject_eagain ()) {
+    errno = EAGAIN;
+    return -1;
+  }
+
   switch (run->op) {
   case PLUG_OP_WRITE: return write_run (b, run);
   case PLUG_OP_ZERO: return zero_run (b, run);

@@ -52,9 +52,11 @@ extern void backing_close (struct backing *b);
 extern unsigned backing_reserve (struct backing *b, unsigned want);
 extern void backing_release (struct backing *b, unsigned n);
 
-/* Issue one run.  Returns 0, or -1 with errno (EAGAIN/ENOMEM: not now;
- * ENOTSUP: a fast zero that cannot be fast; other: real error).
- * Context: a connection's loop thread.
+/* Issue one run, after -D plug.backend_delay_us and
+ * -D plug.inject_eagain have had their say.  Returns 0, or -1 with
+ * errno (EAGAIN/ENOMEM: not now; ENOTSUP: a fast zero that cannot be
+ * fast; other: real error).  Context: an I/O pool thread, or a worker
+ * on the direct path.
  */
 extern int backing_issue_run (struct backing *b, const struct plug_run *run);
 

@@ -615,18 +615,8 @@ do_direct (struct conn *c, struct request *r, const char *data)
     run->reqs[0] = p;
     if (data)
       p->buf = data + (uintptr_t) p->buf;
-    if (plug_debug_backend_delay_us > 0)
-      nanosleep (&(struct timespec) {
-          .tv_sec = plug_debug_backend_delay_us / 1000000,
-          .tv_nsec = plug_debug_backend_delay_us % 1000000 * 1000 }, NULL);
-    if (inject_eagain ()) {
-      ret = -1;
-      err = EAGAIN;
-    }
-    else {
-      ret = backing_issue_run (bk, run);
-      err = errno;
-    }
+    ret = backing_issue_run (bk, run);
+    err = errno;
     backing_release (bk, 1);
     if (data)                   /* Back to an offset: the plug may retry. */
       p->buf = (const void *) ((const char *) p->buf - data);

@@ -7,7 +7,6 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include <ev.h>
 
@@ -32,14 +31,7 @@ do_job (struct job *j)
 {
   struct backing *bk = &backings[j->run->backing];
 
-  if (plug_debug_backend_delay_us > 0)
-    nanosleep (&(struct timespec) {
-        .tv_sec = plug_debug_backend_delay_us / 1000000,
-        .tv_nsec = plug_debug_backend_delay_us % 1000000 * 1000 }, NULL);
-  if (inject_eagain ())
-    j->err = EAGAIN;
-  else
-    j->err = backing_issue_run (bk, j->run) == 0 ? 0 : errno;
+  j->err = backing_issue_run (bk, j->run) == 0 ? 0 : errno;
 }
 
 static void *
