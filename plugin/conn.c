@@ -17,7 +17,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <ev.h>
 
@@ -43,7 +42,6 @@ static uint64_t next_conn_id;
 static pthread_key_t worker_key;
 
 static pthread_mutex_t conns_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t conns_cond = PTHREAD_COND_INITIALIZER;
 static struct conn *conns;              /* Protected by conns_lock. */
 static size_t nr_conns;                 /* Protected by conns_lock. */
 
@@ -80,7 +78,6 @@ conns_closed (void)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&conns_lock);
   nr_conns--;
-  pthread_cond_broadcast (&conns_cond);
 }
 
 size_t
@@ -124,10 +121,9 @@ drain_others (struct conn *self)
 }
 
 void
-conns_drain_all (uint64_t timeout_ns, struct plug_stats *live)
+conns_drain_all (struct plug_stats *live)
 {
   struct conn *c;
-  struct timespec deadline;
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&conns_lock);
 
   /* Server exit: last attempt for whatever is delayed, no more waiting
@@ -141,16 +137,6 @@ conns_drain_all (uint64_t timeout_ns, struct plug_stats *live)
       nbdkit_error ("server exit: connection %" PRIu64
                     ": could not write out held data: %m", c->id);
   }
-  clock_gettime (CLOCK_REALTIME, &deadline);
-  deadline.tv_sec += timeout_ns / 1000000000;
-  deadline.tv_nsec += timeout_ns % 1000000000;
-  if (deadline.tv_nsec >= 1000000000) {
-    deadline.tv_sec++;
-    deadline.tv_nsec -= 1000000000;
-  }
-  while (nr_conns > 0 &&
-         pthread_cond_timedwait (&conns_cond, &conns_lock, &deadline) == 0)
-    ;
   for (c = conns; c != NULL; c = c->reg_next)
     stats_merge (live, &c->stats);
 }

@@ -197,10 +197,11 @@ extern struct conn *conn_open (void);
 extern void conn_close (struct conn *c);
 
 /* At server exit (.cleanup): write out every open connection's plug,
- * sync the files, wait up to timeout_ns for the connections to close,
- * and return the statistics of those still open (merged into *live).
+ * sync the files, and add the statistics of the connections still open
+ * to *live.  It does not wait for them to close: nbdkit 1.32 does not
+ * close them before the process exits (see plugin_cleanup).
  */
-extern void conns_drain_all (uint64_t timeout_ns, struct plug_stats *live);
+extern void conns_drain_all (struct plug_stats *live);
 
 /* How many connections have not finished .close.  Any thread. */
 extern size_t conns_open (void);

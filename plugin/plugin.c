@@ -168,7 +168,7 @@ plugin_cleanup (void)
 {
   struct plug_stats live = { 0 };
 
-  conns_drain_all (0, &live);
+  conns_drain_all (&live);
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&stats_lock);
   if (live.connections > 0) {
     struct plug_stats saved = stats_total;
