@@ -176,14 +176,17 @@ can_merge (const struct plug_req *a, const struct plug_req *b,
 }
 
 static struct plug_run *
-make_run (struct plug_req *const *reqs, size_t n)
+make_run (struct plug_req *const *reqs, size_t n, size_t prefix)
 {
   struct plug_run *run;
+  char *mem;
   size_t i;
 
-  run = malloc (sizeof *run + n * sizeof run->reqs[0]);
-  if (run == NULL)
+  mem = calloc (1, prefix + sizeof *run + n * sizeof run->reqs[0]);
+  if (mem == NULL)
     return NULL;
+  run = (struct plug_run *) (mem + prefix);
+  run->prefix = prefix;
   run->op = reqs[0]->op;
   run->flags = reqs[0]->flags;
   run->backing = reqs[0]->backing;
@@ -213,12 +216,12 @@ plug_merge (struct plug_req *const *reqs, size_t n,
         break;
       run_count += reqs[i]->count;
     }
-    run = make_run (&reqs[start], i - start);
+    run = make_run (&reqs[start], i - start, lim->run_prefix);
     if (run == NULL || plug_run_vector_append (runs, run) == -1) {
       int err = errno;
-      free (run);
+      plug_run_free (run);
       while (runs->len > before)
-        free (runs->ptr[--runs->len]);
+        plug_run_free (runs->ptr[--runs->len]);
       errno = err;
       return -1;
     }
@@ -233,7 +236,7 @@ plug_runs_free (plug_run_vector *runs)
   size_t i;
 
   for (i = 0; i < runs->len; ++i)
-    free (runs->ptr[i]);
+    plug_run_free (runs->ptr[i]);
   plug_run_vector_reset (runs);
 }
 

@@ -27,6 +27,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "vector.h"
 
@@ -90,8 +91,24 @@ struct plug_run {
   uint64_t offset;
   uint64_t count;               /* Sum of the members' counts. */
   size_t n;                     /* Number of members. */
+  size_t prefix;                /* lim->run_prefix when it was made. */
   struct plug_req *reqs[];      /* Borrowed: members, in offset order. */
 };
+
+/* The owner's header in front of a run (plug_limits.run_prefix). */
+static inline void *
+plug_run_prefix (struct plug_run *run)
+{
+  return (char *) run - run->prefix;
+}
+
+/* Free one run (and its prefix). */
+static inline void
+plug_run_free (struct plug_run *run)
+{
+  if (run)
+    free (plug_run_prefix (run));
+}
 
 DEFINE_VECTOR_TYPE (plug_run_vector, struct plug_run *)
 
@@ -100,6 +117,11 @@ struct plug_limits {
   uint64_t max_bytes;           /* Unplug at this many write bytes. */
   uint64_t max_merge;           /* Largest run, in bytes. */
   size_t max_iov;               /* Most members of a write run (IOV_MAX). */
+  size_t run_prefix;            /* Bytes the owner wants before each run
+                                 * in the same allocation (its own run
+                                 * header, so that making runs has one
+                                 * allocation failure point); a multiple
+                                 * of _Alignof (max_align_t).  0: none. */
 };
 
 struct plug {

@@ -43,6 +43,7 @@ stats_merge (struct plug_stats *into, const struct plug_stats *from)
   into->restarted += from->restarted;
   into->gave_up += from->gave_up;
   into->errors += from->errors;
+  into->lost += from->lost;
 }
 
 static void
@@ -86,8 +87,10 @@ stats_json (const struct plug_stats *s, const char *mode)
            ", \"max\": %" PRIu64 " },\n", s->held_total_ns, s->held_max_ns);
   fprintf (fp, "  \"retry\": { \"eagain\": %" PRIu64
            ", \"timer_fired\": %" PRIu64 ", \"restarted\": %" PRIu64
-           ", \"gave_up\": %" PRIu64 ", \"errors\": %" PRIu64 " }\n}\n",
-           s->eagain, s->timer_fired, s->restarted, s->gave_up, s->errors);
+           ", \"gave_up\": %" PRIu64 ", \"errors\": %" PRIu64
+           ", \"lost\": %" PRIu64 " }\n}\n",
+           s->eagain, s->timer_fired, s->restarted, s->gave_up, s->errors,
+           s->lost);
   if (fclose (fp) == EOF) {
     free (buf);
     return NULL;
@@ -118,9 +121,9 @@ stats_line (const struct plug_stats *s)
     if (s->unplugs[i])
       fprintf (fp, " %s=%" PRIu64, plug_reason_name (i), s->unplugs[i]);
   fprintf (fp, " largest=%" PRIu64 "/%" PRIu64 "B eagain=%" PRIu64
-           " gave_up=%" PRIu64 " errors=%" PRIu64,
+           " gave_up=%" PRIu64 " errors=%" PRIu64 " lost=%" PRIu64,
            s->largest_requests, s->largest_bytes, s->eagain, s->gave_up,
-           s->errors);
+           s->errors, s->lost);
   if (fclose (fp) == EOF) {
     free (buf);
     return NULL;

@@ -1,0 +1,1378 @@
+/* engine.c: the export's state machine.  See engine.h for the rules.
+ *
+ * The kernel's words: conn_unplug() is blk_flush_plug, queue_dispatch()
+ * is the driver's queue_rq loop over one hardware queue, a "not now"
+ * completion is BLK_STS_RESOURCE followed by blk_mq_delay_run_hw_queue
+ * (FILE_DELAYED) or by a restart from the next completion
+ * (FILE_STALLED, blk-mq's SCHED_RESTART), and ENG_CLOSE is
+ * blk_finish_plug at task exit.
+ */
+
+#include <config.h>
+
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "minmax.h"
+
+/* Acknowledged-but-unfinished mutations allowed per connection, as a
+ * multiple of max-requests: zeros and trims carry no data, so max-bytes
+ * alone would not bound them.
+ */
+#define ACKED_PER_MAX_REQUEST 4
+
+/* How far back a connection remembers where its requests went, for the
+ * direct path: a request near none of the last NR_RECENT could not merge.
+ */
+#define NR_RECENT 16
+
+/* Hold mode: timer unplugs of a single request in a row, with nobody
+ * else waiting, before the connection stops waiting for idle=.
+ */
+#define LONE_STREAK 2
+
+/* One error line per backing file per this long; the rest are counted. */
+#define LOG_INTERVAL_NS 1000000000ULL
+
+#define container_of(ptr, type, member) \
+  ((type *) ((char *) (ptr) - offsetof (type, member)))
+
+struct op_list {
+  struct eng_op *head, *tail;
+};
+
+/* A backing file's dispatch queue (the blk-mq hardware queue). */
+enum file_state {
+  FILE_RUNNING,                 /* Dispatch whenever a slot is free. */
+  FILE_DELAYED,                 /* "Not now" with nothing in flight: run
+                                 * again at delay_until. */
+  FILE_STALLED,                 /* "Not now" with runs in flight: run
+                                 * again when one of them completes. */
+};
+
+struct eng_file {
+  struct eng_run *head, *tail;  /* Unfinished runs, creation order. */
+  unsigned inflight;
+  uint64_t nr_queued;
+  enum file_state state;
+  uint64_t delay_until;
+  struct retry_state retry;     /* Backoff of the queue. */
+  uint64_t log_ns;              /* Last error line. */
+  uint64_t log_suppressed;
+};
+
+enum conn_state {
+  CONN_OPEN,
+  CONN_CLOSING,                 /* ENG_CLOSE submitted. */
+};
+
+/* Hold mode: how a connection paces its plug. */
+enum conn_pace {
+  PACE_PLUG,                    /* Wait for idle= (or another trigger). */
+  PACE_PASSTHROUGH,             /* The client has one request in flight:
+                                 * waiting could never merge anything, it
+                                 * only adds latency.  Unplug at once. */
+};
+
+struct eng_conn {
+  struct engine *e;
+  struct eng_conn *prev, *next; /* e->conns. */
+  struct plug_stats *stats;     /* Borrowed from the caller. */
+  enum conn_state state;
+  enum conn_pace pace;
+  unsigned lone_streak;
+
+  struct plug plug;
+  uint64_t last_activity_ns;
+  uint64_t unplug_retry_ns;     /* After an unplug ran out of memory. */
+
+  uint64_t bytes;               /* Copied bytes not released. */
+  uint64_t nr_told_ok;          /* Acknowledged, unfinished. */
+  uint64_t nr_unfinished;       /* Admitted mutations not finished. */
+  uint64_t nr_runs;             /* Runs queued or in flight. */
+  unsigned nr_workers;
+  unsigned nr_waiting;          /* Ops whose client waits for an answer. */
+  struct op_list mem_wait;      /* OP_WAIT_MEMORY, FIFO. */
+  struct eng_op *close_op;
+  uint64_t close_deadline_ns;
+
+  /* The deferred error: a write acknowledged to some client failed for
+   * good.  The next FLUSH whose horizon reaches deferred_lo reports it;
+   * failures after that FLUSH's horizon stay for the next one.
+   */
+  int deferred_err;
+  uint64_t deferred_lo, deferred_hi;
+  int last_err;                 /* Last failure, for refused writers. */
+
+  uint64_t recent_start[NR_RECENT], recent_end[NR_RECENT];
+  unsigned recent_pos;
+};
+
+enum engine_state {
+  ENGINE_RUNNING,
+  ENGINE_SHUTTING_DOWN,         /* ENG_SHUTDOWN submitted. */
+};
+
+struct engine {
+  struct eng_config cfg;
+  enum engine_state state;
+  struct eng_file *files;       /* Owned: [nr_backings]. */
+  struct eng_conn *conns;
+  uint64_t next_seq;            /* Sequence numbers start at 1. */
+  uint64_t next_batch;
+  struct eng_op *unf_head, *unf_tail;   /* Unfinished mutations. */
+  struct op_list flush_wait;    /* By horizon. */
+  struct op_list read_wait;
+  struct eng_op *shutdown_op;
+  uint64_t shutdown_deadline_ns;
+  uint64_t bytes;
+  uint64_t lost;
+  size_t run_prefix;
+};
+
+static void conn_unplug (struct engine *e, struct eng_conn *c,
+                         enum plug_reason reason, uint64_t now,
+                         struct eng_actions *out);
+static void queue_dispatch (struct engine *e, uint32_t b, uint64_t now,
+                            bool force, struct eng_actions *out);
+static void check_waiters (struct engine *e, uint64_t now,
+                           struct eng_actions *out);
+
+/* ---- small helpers ---- */
+
+static bool
+ranges_overlap (uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
+{
+  return a < b + blen && b < a + alen;
+}
+
+static void __attribute__ ((__format__ (__printf__, 3, 4)))
+eng_log (struct engine *e, int level, const char *fs, ...)
+{
+  char msg[512];
+  va_list ap;
+
+  if (e->cfg.log == NULL)
+    return;
+  va_start (ap, fs);
+  vsnprintf (msg, sizeof msg, fs, ap);
+  va_end (ap);
+  e->cfg.log (e->cfg.log_opaque, level, msg);
+}
+
+static const char *
+op_name (enum plug_op op)
+{
+  switch (op) {
+  case PLUG_OP_WRITE: return "write";
+  case PLUG_OP_ZERO: return "zero";
+  case PLUG_OP_TRIM: return "trim";
+  }
+  return "?";
+}
+
+/* An error line about a run, at most one per file per LOG_INTERVAL_NS. */
+static void
+log_run (struct engine *e, const struct eng_run *r, const char *what,
+         int err, uint64_t now)
+{
+  struct eng_file *f = &e->files[r->run->backing];
+
+  if (f->log_ns != 0 && now - f->log_ns < LOG_INTERVAL_NS) {
+    f->log_suppressed++;
+    return;
+  }
+  eng_log (e, 0, "file %" PRIu32 ": %s %s of %" PRIu64 " bytes at offset "
+           "%" PRIu64 ": %s (%" PRIu64 " similar messages suppressed)",
+           r->run->backing, what, op_name (r->run->op), r->run->count,
+           r->run->offset, strerror (err), f->log_suppressed);
+  f->log_ns = now ? now : 1;
+  f->log_suppressed = 0;
+}
+
+static void
+list_append (struct op_list *l, struct eng_op *op)
+{
+  op->wnext = NULL;
+  op->wprev = l->tail;
+  if (l->tail)
+    l->tail->wnext = op;
+  else
+    l->head = op;
+  l->tail = op;
+}
+
+static void
+list_remove (struct op_list *l, struct eng_op *op)
+{
+  if (op->wprev)
+    op->wprev->wnext = op->wnext;
+  else
+    l->head = op->wnext;
+  if (op->wnext)
+    op->wnext->wprev = op->wprev;
+  else
+    l->tail = op->wprev;
+  op->wprev = op->wnext = NULL;
+}
+
+void
+eng_actions_init (struct eng_actions *a)
+{
+  a->issue = NULL;
+  a->issue_tail = &a->issue;
+  a->reply = NULL;
+  a->reply_tail = &a->reply;
+  a->release = NULL;
+  a->release_tail = &a->release;
+}
+
+static void
+act_issue (struct eng_actions *out, struct eng_run *r)
+{
+  r->issue_next = NULL;
+  *out->issue_tail = r;
+  out->issue_tail = &r->issue_next;
+}
+
+/* Answer op's client with err (once). */
+static void
+op_answer (struct eng_op *op, int err, struct eng_actions *out)
+{
+  if (!op->reply_pending)
+    return;
+  op->reply_pending = false;
+  if (op->conn)
+    op->conn->nr_waiting--;
+  op->err = err;
+  op->reply_next = NULL;
+  *out->reply_tail = op;
+  out->reply_tail = &op->reply_next;
+}
+
+/* The engine is done with op: the caller frees it. */
+static void
+op_release (struct eng_op *op, struct eng_actions *out)
+{
+  assert (!op->reply_pending);
+  op->state = OP_FINISHED;
+  op->release_next = NULL;
+  *out->release_tail = op;
+  out->release_tail = &op->release_next;
+}
+
+static struct eng_run *
+run_of (struct plug_run *pr)
+{
+  return plug_run_prefix (pr);
+}
+
+/* ---- engine and connections ---- */
+
+struct engine *
+engine_new (const struct eng_config *cfg)
+{
+  struct engine *e;
+
+  if (cfg->nr_backings == 0 || cfg->max_inflight == 0 ||
+      cfg->lim.max_requests == 0 || cfg->lim.max_bytes == 0 ||
+      cfg->lim.max_merge == 0 || cfg->lim.max_iov == 0 ||
+      cfg->max_delay_ns == 0 || cfg->retry.delay_ns == 0) {
+    errno = EINVAL;
+    return NULL;
+  }
+  e = calloc (1, sizeof *e);
+  if (e == NULL)
+    return NULL;
+  e->files = calloc (cfg->nr_backings, sizeof *e->files);
+  if (e->files == NULL) {
+    free (e);
+    return NULL;
+  }
+  e->cfg = *cfg;
+  if (e->cfg.retry.max_delay_ns < e->cfg.retry.delay_ns)
+    e->cfg.retry.max_delay_ns = e->cfg.retry.delay_ns;
+  /* The run header lives in front of each merged run (plug.h). */
+  e->run_prefix = (sizeof (struct eng_run) + _Alignof (max_align_t) - 1) /
+    _Alignof (max_align_t) * _Alignof (max_align_t);
+  e->cfg.lim.run_prefix = e->run_prefix;
+  e->next_seq = 1;
+  e->next_batch = 1;
+  return e;
+}
+
+static void
+run_free (struct eng_run *r)
+{
+  plug_run_free (r->run);
+}
+
+void
+engine_free (struct engine *e)
+{
+  uint32_t b;
+
+  if (e == NULL)
+    return;
+  assert (e->conns == NULL);
+  for (b = 0; b < e->cfg.nr_backings; ++b)
+    while (e->files[b].head) {
+      struct eng_run *r = e->files[b].head;
+
+      e->files[b].head = r->qnext;
+      run_free (r);
+    }
+  free (e->files);
+  free (e);
+}
+
+struct eng_conn *
+engine_conn_open (struct engine *e, struct plug_stats *stats)
+{
+  struct eng_conn *c;
+  size_t i;
+
+  if (e->state != ENGINE_RUNNING) {
+    errno = ESHUTDOWN;
+    return NULL;
+  }
+  c = calloc (1, sizeof *c);
+  if (c == NULL)
+    return NULL;
+  if (plug_init (&c->plug, &e->cfg.lim, e->cfg.nr_backings) == -1) {
+    free (c);
+    return NULL;
+  }
+  c->e = e;
+  c->stats = stats;
+  for (i = 0; i < NR_RECENT; ++i)
+    c->recent_start[i] = c->recent_end[i] = UINT64_MAX;
+  c->next = e->conns;
+  if (e->conns)
+    e->conns->prev = c;
+  e->conns = c;
+  return c;
+}
+
+void
+engine_conn_free (struct engine *e, struct eng_conn *c)
+{
+  assert (c->nr_unfinished == 0 && c->nr_runs == 0 &&
+          c->mem_wait.head == NULL && plug_is_empty (&c->plug));
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    e->conns = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  plug_free (&c->plug);
+  free (c);
+}
+
+/* ---- the unfinished list and the deferred error ---- */
+
+static void
+unf_append (struct engine *e, struct eng_op *op)
+{
+  op->unf_next = NULL;
+  op->unf_prev = e->unf_tail;
+  if (e->unf_tail)
+    e->unf_tail->unf_next = op;
+  else
+    e->unf_head = op;
+  e->unf_tail = op;
+}
+
+static void
+unf_remove (struct engine *e, struct eng_op *op)
+{
+  if (op->unf_prev)
+    op->unf_prev->unf_next = op->unf_next;
+  else
+    e->unf_head = op->unf_next;
+  if (op->unf_next)
+    op->unf_next->unf_prev = op->unf_prev;
+  else
+    e->unf_tail = op->unf_prev;
+  op->unf_prev = op->unf_next = NULL;
+}
+
+/* Every connection may rely on a FLUSH covering the write that failed
+ * (multi-conn), so every connection's next FLUSH reports it.
+ */
+static void
+defer_error (struct engine *e, int err, uint64_t seq)
+{
+  struct eng_conn *c;
+
+  for (c = e->conns; c != NULL; c = c->next) {
+    if (c->deferred_err == 0) {
+      c->deferred_err = err;
+      c->deferred_lo = c->deferred_hi = seq;
+    }
+    else {
+      c->deferred_lo = MIN (c->deferred_lo, seq);
+      c->deferred_hi = MAX (c->deferred_hi, seq);
+    }
+    c->last_err = err;
+  }
+}
+
+/* The error a FLUSH with this horizon reports, consuming what it covers. */
+static int
+take_deferred (struct eng_conn *c, uint64_t horizon)
+{
+  int err = c->deferred_err;
+
+  if (err == 0 || c->deferred_lo > horizon)
+    return 0;
+  if (c->deferred_hi <= horizon)
+    c->deferred_err = 0;
+  else
+    c->deferred_lo = horizon + 1;
+  return err;
+}
+
+/* ---- finishing ---- */
+
+/* Every piece of mutation op finished. */
+static void
+op_finish (struct engine *e, struct eng_op *op, struct eng_actions *out)
+{
+  struct eng_conn *c = op->conn;
+
+  unf_remove (e, op);
+  c->nr_unfinished--;
+  c->bytes -= op->bytes;
+  e->bytes -= op->bytes;
+  if (op->told_ok) {
+    c->nr_told_ok--;
+    if (op->err) {
+      /* Nobody can be told now: the next FLUSH will be. */
+      defer_error (e, op->err, op->seq);
+      e->lost++;
+      STATS_ADD (c->stats->lost, 1);
+    }
+  }
+  else if (op->err)
+    c->last_err = op->err;
+  op_answer (op, op->err, out);
+  op_release (op, out);
+}
+
+/* Run r is done with err (0: written).  Its members finish. */
+static void
+run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
+            struct eng_actions *out)
+{
+  struct eng_file *f = &e->files[r->run->backing];
+  size_t i;
+
+  if (r->qprev)
+    r->qprev->qnext = r->qnext;
+  else
+    f->head = r->qnext;
+  if (r->qnext)
+    r->qnext->qprev = r->qprev;
+  else
+    f->tail = r->qprev;
+  if (r->state == RUN_QUEUED)
+    f->nr_queued--;
+  r->conn->nr_runs--;
+
+  for (i = 0; i < r->run->n; ++i) {
+    struct plug_req *p = r->run->reqs[i];
+    struct eng_op *op = p->opaque;
+    uint64_t held = now > p->arrival_ns ? now - p->arrival_ns : 0;
+
+    STATS_ADD (op->conn->stats->held_total_ns, held);
+    stats_max (&op->conn->stats->held_max_ns, held);
+    if (err && op->err == 0)
+      op->err = err;
+    assert (op->pending > 0);
+    if (--op->pending == 0)
+      op_finish (e, op, out);
+  }
+  run_free (r);
+}
+
+/* ---- queues ---- */
+
+static void
+queue_append (struct engine *e, struct eng_run *r)
+{
+  struct eng_file *f = &e->files[r->run->backing];
+
+  r->qnext = NULL;
+  r->qprev = f->tail;
+  if (f->tail)
+    f->tail->qnext = r;
+  else
+    f->head = r;
+  f->tail = r;
+  if (r->state == RUN_QUEUED)
+    f->nr_queued++;
+  r->conn->nr_runs++;
+}
+
+/* QUEUE ORDER: must r wait for an older unfinished run that overlaps
+ * it?  The queue is in creation order and one batch's runs are
+ * contiguous and never overlap, so only the runs before r's batch need
+ * a look.
+ */
+static bool
+run_blocked (const struct eng_file *f, const struct eng_run *r)
+{
+  const struct eng_run *o;
+
+  for (o = f->head; o != r && o->batch != r->batch; o = o->qnext)
+    if (ranges_overlap (o->run->offset, o->run->count,
+                        r->run->offset, r->run->count))
+      return true;
+  return false;
+}
+
+static void
+run_issue (struct eng_file *f, struct eng_run *r, struct eng_actions *out)
+{
+  assert (r->state == RUN_QUEUED);
+  r->state = RUN_INFLIGHT;
+  f->nr_queued--;
+  f->inflight++;
+  act_issue (out, r);
+}
+
+/* Issue what file b can issue now, oldest first, as far as its slots
+ * allow.  force: also a delayed or stalled queue (a FLUSH does not make
+ * its client wait for a backoff; close and exit do not either).
+ */
+static void
+queue_dispatch (struct engine *e, uint32_t b, uint64_t now, bool force,
+                struct eng_actions *out)
+{
+  struct eng_file *f = &e->files[b];
+  struct eng_run *r;
+
+  if (f->nr_queued == 0)
+    return;
+  if (f->state == FILE_DELAYED && !force && now < f->delay_until)
+    return;
+  if (f->state == FILE_STALLED && !force)
+    return;
+  f->state = FILE_RUNNING;
+  for (r = f->head;
+       r != NULL && f->inflight < e->cfg.max_inflight && f->nr_queued > 0;
+       r = r->qnext)
+    if (r->state == RUN_QUEUED && !run_blocked (f, r))
+      run_issue (f, r, out);
+}
+
+static void
+dispatch_all (struct engine *e, uint64_t now, bool force,
+              struct eng_actions *out)
+{
+  uint32_t b;
+
+  for (b = 0; b < e->cfg.nr_backings; ++b)
+    queue_dispatch (e, b, now, force, out);
+}
+
+/* Does any unfinished run of file b overlap [offset, offset+count)?
+ * With max_seq != UINT64_MAX, only runs holding a mutation at least as
+ * old as that.
+ */
+static bool
+queue_overlaps (const struct engine *e, uint32_t b, uint64_t offset,
+                uint64_t count, uint64_t max_seq)
+{
+  const struct eng_run *r;
+
+  for (r = e->files[b].head; r != NULL; r = r->qnext)
+    if (r->min_seq <= max_seq &&
+        ranges_overlap (r->run->offset, r->run->count, offset, count))
+      return true;
+  return false;
+}
+
+static bool
+held_anywhere (const struct engine *e, const struct plug_req *p)
+{
+  const struct eng_conn *c;
+
+  for (c = e->conns; c != NULL; c = c->next)
+    if (plug_conflicts (&c->plug, p))
+      return true;
+  return false;
+}
+
+/* NO OVERLAP IN PLUGS: unplug every plug that holds data overlapping p,
+ * before p is held or read.
+ */
+static void
+unplug_overlapping (struct engine *e, const struct plug_req *p,
+                    enum plug_reason reason, uint64_t now,
+                    struct eng_actions *out)
+{
+  struct eng_conn *c;
+
+  for (c = e->conns; c != NULL; c = c->next)
+    if (plug_conflicts (&c->plug, p))
+      conn_unplug (e, c, reason, now, out);
+}
+
+/* ---- plugging ---- */
+
+/* blk_flush_plug: detach everything c holds, sort, merge, queue the
+ * runs in their files' queues (one batch), dispatch.
+ */
+static void
+conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
+             uint64_t now, struct eng_actions *out)
+{
+  plug_run_vector runs = empty_vector;
+  size_t i, nreqs = c->plug.reqs.len;
+  uint64_t bytes = c->plug.bytes, batch;
+
+  if (plug_is_empty (&c->plug))
+    return;
+  if (plug_take_runs (&c->plug, &runs) == -1) {
+    /* No memory to merge: everything stays held and is tried again a
+     * little later (the kernel's blk_delay_queue for the same reason).
+     */
+    c->unplug_retry_ns = eng_add_ns (now, e->cfg.retry.delay_ns);
+    eng_log (e, 1, "unplug %s: out of memory, retrying later",
+             plug_reason_name (reason));
+    return;
+  }
+  c->unplug_retry_ns = 0;
+  STATS_ADD (c->stats->unplugs[reason], 1);
+  stats_max (&c->stats->largest_requests, nreqs);
+  stats_max (&c->stats->largest_bytes, bytes);
+  if (e->cfg.debug_unplug)
+    eng_log (e, 1, "unplug %s: %zu requests %" PRIu64 " bytes -> %zu runs",
+             plug_reason_name (reason), nreqs, bytes, runs.len);
+
+  batch = e->next_batch++;
+  for (i = 0; i < runs.len; ++i) {
+    struct plug_run *pr = runs.ptr[i];
+    struct eng_run *r = run_of (pr);
+    size_t k;
+
+    r->run = pr;
+    r->state = RUN_QUEUED;
+    r->conn = c;
+    r->batch = batch;
+    r->min_seq = UINT64_MAX;
+    for (k = 0; k < pr->n; ++k)
+      r->min_seq = MIN (r->min_seq, pr->reqs[k]->seq);
+    queue_append (e, r);
+  }
+  for (i = 0; i < runs.len; ++i)
+    if (i == 0 || runs.ptr[i]->backing != runs.ptr[i-1]->backing)
+      queue_dispatch (e, runs.ptr[i]->backing, now, false, out);
+  plug_run_vector_reset (&runs);
+}
+
+/* Hold op's pieces in c's plug.  The plug has room (reserved). */
+static void
+plug_pieces (struct engine *e, struct eng_conn *c, struct eng_op *op,
+             uint64_t now, struct eng_actions *out)
+{
+  size_t i;
+
+  for (i = 0; i < op->nr_pieces; ++i) {
+    struct plug_req *p = &op->pieces[i];
+    int r;
+
+    unplug_overlapping (e, p, PLUG_UNPLUG_OVERLAP, now, out);
+    r = plug_add (&c->plug, p);
+    assert (r == 0);            /* Reserved by the caller. */
+    (void) r;
+    p->seq = op->seq;
+  }
+}
+
+/* The kernel flushes a task's plug when the task sleeps: when every
+ * worker of c waits for an answer and nothing of c is in a queue (whose
+ * completion would wake one), nobody is left to bring the request that
+ * would trigger an unplug.
+ */
+static void
+check_parked (struct engine *e, struct eng_conn *c, uint64_t now,
+              struct eng_actions *out)
+{
+  if (!plug_is_empty (&c->plug) && c->nr_workers > 0 &&
+      c->nr_waiting >= c->nr_workers && c->nr_runs == 0)
+    conn_unplug (e, c, PLUG_UNPLUG_PARKED, now, out);
+}
+
+/* Give op a sequence number and hold it. */
+static void
+admit (struct engine *e, struct eng_conn *c, struct eng_op *op, uint64_t now,
+       struct eng_actions *out)
+{
+  enum plug_reason reason;
+
+  op->state = OP_ADMITTED;
+  op->seq = e->next_seq++;
+  unf_append (e, op);
+  c->nr_unfinished++;
+  c->bytes += op->bytes;
+  e->bytes += op->bytes;
+  c->last_activity_ns = now;
+  plug_pieces (e, c, op, now, out);
+
+  if (op->flags & ENG_F_FUA)
+    conn_unplug (e, c, PLUG_UNPLUG_FUA, now, out);
+  else if (e->cfg.idle_ns == 0 || c->pace == PACE_PASSTHROUGH)
+    conn_unplug (e, c, PLUG_UNPLUG_IDLE, now, out);
+  else if (plug_full (&c->plug, &reason))
+    conn_unplug (e, c, reason, now, out);
+}
+
+static void
+prepare_pieces (struct eng_conn *c, struct eng_op *op, uint64_t now)
+{
+  size_t i;
+
+  op->conn = c;
+  op->pending = op->nr_pieces;
+  for (i = 0; i < op->nr_pieces; ++i) {
+    op->pieces[i].opaque = op;
+    op->pieces[i].arrival_ns = now;
+  }
+}
+
+/* Is c at its memory bound (max-bytes, or the count of acknowledged
+ * requests)?  One request is always let in, however large.
+ */
+static bool
+over_memory (const struct engine *e, const struct eng_conn *c,
+             const struct eng_op *op)
+{
+  if (c->nr_told_ok >= ACKED_PER_MAX_REQUEST * e->cfg.lim.max_requests)
+    return true;
+  return c->bytes > 0 && c->bytes + op->bytes > e->cfg.lim.max_bytes;
+}
+
+/* Let in the writers waiting for memory that fit now, oldest first. */
+static void
+admit_waiters (struct engine *e, struct eng_conn *c, uint64_t now,
+               struct eng_actions *out)
+{
+  struct eng_op *op;
+
+  while ((op = c->mem_wait.head) != NULL && !over_memory (e, c, op)) {
+    if (plug_req_vector_reserve (&c->plug.reqs, op->nr_pieces) == -1)
+      return;                   /* Tried again at the next release. */
+    list_remove (&c->mem_wait, op);
+    op->told_ok = true;
+    c->nr_told_ok++;
+    op_answer (op, 0, out);
+    admit (e, c, op, now, out);
+  }
+}
+
+static void
+refuse_waiter (struct eng_conn *c, struct eng_op *op, struct eng_actions *out)
+{
+  list_remove (&c->mem_wait, op);
+  op_answer (op, c->last_err ? c->last_err : ENOMEM, out);
+  op_release (op, out);
+}
+
+/* Fast zero: "MUST fail quickly with NBD_ENOTSUP unless the request can
+ * be serviced in less time than a corresponding NBD_CMD_WRITE".  It
+ * never waits in a plug or a queue: issued at once, or refused.
+ */
+static bool
+can_issue_now (struct engine *e, const struct eng_op *op)
+{
+  size_t i;
+
+  for (i = 0; i < op->nr_pieces; ++i) {
+    const struct plug_req *p = &op->pieces[i];
+    const struct eng_file *f = &e->files[p->backing];
+
+    if (f->state != FILE_RUNNING ||
+        f->inflight + op->nr_pieces > e->cfg.max_inflight ||
+        held_anywhere (e, p) ||
+        queue_overlaps (e, p->backing, p->offset, p->count, UINT64_MAX))
+      return false;
+  }
+  return true;
+}
+
+/* Admit op and issue each piece as a run of its own. */
+static int
+issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
+             uint64_t now, struct eng_actions *out)
+{
+  struct plug_run *prs[op->nr_pieces ? op->nr_pieces : 1];
+  size_t i;
+
+  for (i = 0; i < op->nr_pieces; ++i) {
+    struct plug_req *p = &op->pieces[i];
+    char *mem = calloc (1, e->run_prefix + sizeof (struct plug_run) +
+                        sizeof (struct plug_req *));
+    struct plug_run *pr;
+
+    if (mem == NULL) {
+      while (i > 0)
+        plug_run_free (prs[--i]);
+      return -1;
+    }
+    pr = (struct plug_run *) (mem + e->run_prefix);
+    pr->prefix = e->run_prefix;
+    pr->op = p->op;
+    pr->flags = p->flags;
+    pr->backing = p->backing;
+    pr->offset = p->offset;
+    pr->count = p->count;
+    pr->n = 1;
+    pr->reqs[0] = p;
+    prs[i] = pr;
+  }
+
+  op->state = OP_ADMITTED;
+  op->seq = e->next_seq++;
+  unf_append (e, op);
+  c->nr_unfinished++;
+  c->last_activity_ns = now;
+  for (i = 0; i < op->nr_pieces; ++i) {
+    struct eng_run *r = run_of (prs[i]);
+
+    op->pieces[i].seq = op->seq;
+    r->run = prs[i];
+    r->state = RUN_QUEUED;
+    r->conn = c;
+    r->batch = e->next_batch++;
+    r->min_seq = op->seq;
+    queue_append (e, r);
+    run_issue (&e->files[prs[i]->backing], r, out);
+  }
+  return 0;
+}
+
+/* Was [offset, offset+count) near one of c's recent requests?  Records
+ * it either way.  "Near" rather than adjacent: a stream's requests
+ * arrive shuffled across nbdkit's threads, so a neighbour often has not
+ * arrived yet.  Near is a window of NR_RECENT requests of this size
+ * (what a client queue of that depth spans), capped at max-merge.
+ */
+static bool
+near_recent (struct engine *e, struct eng_conn *c, uint64_t offset,
+             uint64_t count)
+{
+  uint64_t window = MIN ((uint64_t) NR_RECENT * count, e->cfg.lim.max_merge);
+  bool near = false;
+  size_t i;
+
+  for (i = 0; i < NR_RECENT && !near; ++i)
+    near = c->recent_end[i] != UINT64_MAX &&
+      offset <= eng_add_ns (c->recent_end[i], window) &&
+      c->recent_start[i] <= eng_add_ns (offset + count, window);
+  c->recent_start[c->recent_pos % NR_RECENT] = offset;
+  c->recent_end[c->recent_pos++ % NR_RECENT] = offset + count;
+  return near;
+}
+
+bool
+engine_try_direct (struct engine *e, struct eng_conn *c, struct eng_op *op,
+                   uint64_t now, struct eng_actions *out)
+{
+  bool near;
+
+  assert (op->kind == ENG_WRITE || op->kind == ENG_ZERO ||
+          op->kind == ENG_TRIM);
+  near = near_recent (e, c, op->offset, op->count);
+  if (!e->cfg.direct || near || (op->flags & ENG_F_FAST) ||
+      e->state != ENGINE_RUNNING || c->state != CONN_OPEN ||
+      c->mem_wait.head != NULL || op->nr_pieces == 0)
+    return false;
+  prepare_pieces (c, op, now);
+  if (!can_issue_now (e, op))
+    return false;
+  op->reply_pending = true;
+  c->nr_waiting++;
+  if (issue_alone (e, c, op, now, out) == -1) {
+    op->reply_pending = false;
+    c->nr_waiting--;
+    return false;
+  }
+  STATS_ADD (c->stats->direct, 1);
+  return true;
+}
+
+/* ---- submission ---- */
+
+static int
+submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
+                 uint64_t now, struct eng_actions *out)
+{
+  bool wb = e->cfg.mode == ENG_WRITEBACK && !(op->flags & ENG_F_FUA);
+
+  if (op->nr_pieces == 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  prepare_pieces (c, op, now);
+  if (op->flags & ENG_F_FAST) {
+    op->reply_pending = true;
+    c->nr_waiting++;
+    if (!can_issue_now (e, op) || issue_alone (e, c, op, now, out) == -1) {
+      op_answer (op, ENOTSUP, out);
+      op_release (op, out);
+    }
+    return 0;
+  }
+  if (wb && (c->mem_wait.head != NULL || over_memory (e, c, op))) {
+    /* At the bound the writer waits for memory, bounded by
+     * retry-timeout; the plug goes out so that memory comes back.
+     */
+    op->state = OP_WAIT_MEMORY;
+    op->reply_pending = true;
+    c->nr_waiting++;
+    op->deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
+    list_append (&c->mem_wait, op);
+    conn_unplug (e, c, PLUG_UNPLUG_MEMORY, now, out);
+    check_parked (e, c, now, out);
+    return 0;
+  }
+  if (plug_req_vector_reserve (&c->plug.reqs, op->nr_pieces) == -1)
+    return -1;
+  if (wb) {
+    op->acked = true;
+    op->told_ok = true;
+    c->nr_told_ok++;
+  }
+  else {
+    op->reply_pending = true;
+    c->nr_waiting++;
+    if (c->pace == PACE_PASSTHROUGH && c->nr_waiting > 1)
+      c->pace = PACE_PLUG;      /* The client has concurrency again. */
+  }
+  admit (e, c, op, now, out);
+  check_parked (e, c, now, out);
+  return 0;
+}
+
+static bool
+flush_ready (const struct engine *e, const struct eng_op *op)
+{
+  return e->unf_head == NULL || e->unf_head->seq > op->horizon;
+}
+
+static void
+submit_flush (struct engine *e, struct eng_conn *c, struct eng_op *op,
+              uint64_t now, struct eng_actions *out)
+{
+  struct eng_conn *o;
+
+  op->horizon = e->next_seq - 1;
+  op->reply_pending = true;
+  c->nr_waiting++;
+  /* Hold mode: every answered write is already written, and NBD's FLUSH
+   * covers only answered writes: syncing the files (the caller) is all
+   * it needs.  It must not wait for other requests in flight.
+   */
+  if (e->cfg.mode == ENG_HOLD) {
+    op_answer (op, 0, out);
+    op_release (op, out);
+    return;
+  }
+  /* blk_finish_plug on every plug: with multi-conn, a FLUSH covers what
+   * any connection acknowledged.
+   */
+  for (o = e->conns; o != NULL; o = o->next)
+    conn_unplug (e, o, PLUG_UNPLUG_FLUSH, now, out);
+  dispatch_all (e, now, true, out);
+  op->state = OP_WAITING;
+  list_append (&e->flush_wait, op);
+  check_waiters (e, now, out);
+}
+
+/* Must read op wait?  Unplugs what it overlaps first. */
+static bool
+read_blocked (const struct engine *e, const struct eng_op *op)
+{
+  size_t i;
+
+  for (i = 0; i < op->nr_pieces; ++i) {
+    const struct plug_req *p = &op->pieces[i];
+
+    if (queue_overlaps (e, p->backing, p->offset, p->count, op->horizon))
+      return true;
+  }
+  return false;
+}
+
+static void
+submit_read (struct engine *e, struct eng_conn *c, struct eng_op *op,
+             uint64_t now, struct eng_actions *out)
+{
+  size_t i;
+
+  op->conn = c;
+  op->horizon = e->next_seq - 1;
+  op->reply_pending = true;
+  c->nr_waiting++;
+  for (i = 0; i < op->nr_pieces; ++i)
+    unplug_overlapping (e, &op->pieces[i], PLUG_UNPLUG_READ, now, out);
+  if (!read_blocked (e, op)) {
+    op_answer (op, 0, out);
+    op_release (op, out);
+    return;
+  }
+  op->state = OP_WAITING;
+  list_append (&e->read_wait, op);
+  check_parked (e, c, now, out);
+}
+
+static void
+submit_close (struct engine *e, struct eng_conn *c, struct eng_op *op,
+              uint64_t now, struct eng_actions *out)
+{
+  struct eng_op *w;
+
+  c->state = CONN_CLOSING;
+  op->reply_pending = true;
+  c->nr_waiting++;
+  op->state = OP_WAITING;
+  c->close_op = op;
+  c->close_deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
+  /* No worker is left to wait for memory. */
+  while ((w = c->mem_wait.head) != NULL) {
+    list_remove (&c->mem_wait, w);
+    op_answer (w, ESHUTDOWN, out);
+    op_release (w, out);
+  }
+  conn_unplug (e, c, PLUG_UNPLUG_CLOSE, now, out);
+  dispatch_all (e, now, true, out);
+  check_waiters (e, now, out);
+}
+
+static void
+submit_shutdown (struct engine *e, struct eng_conn *c, struct eng_op *op,
+                 uint64_t now, struct eng_actions *out)
+{
+  struct eng_conn *o;
+
+  e->state = ENGINE_SHUTTING_DOWN;
+  op->reply_pending = true;
+  if (c)
+    c->nr_waiting++;
+  op->state = OP_WAITING;
+  e->shutdown_op = op;
+  e->shutdown_deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
+  for (o = e->conns; o != NULL; o = o->next)
+    conn_unplug (e, o, PLUG_UNPLUG_CLOSE, now, out);
+  dispatch_all (e, now, true, out);
+  check_waiters (e, now, out);
+}
+
+int
+engine_submit (struct engine *e, struct eng_conn *c, struct eng_op *op,
+               uint64_t now, struct eng_actions *out)
+{
+  op->acked = false;
+  op->told_ok = false;
+  op->reply_pending = false;
+  op->err = 0;
+  op->conn = c;
+  op->state = OP_NEW;
+
+  switch (op->kind) {
+  case ENG_WRITE:
+  case ENG_ZERO:
+  case ENG_TRIM:
+    if (e->state != ENGINE_RUNNING || c->state != CONN_OPEN) {
+      errno = ESHUTDOWN;
+      return -1;
+    }
+    return submit_mutation (e, c, op, now, out);
+  case ENG_FLUSH:
+    submit_flush (e, c, op, now, out);
+    return 0;
+  case ENG_READ:
+    submit_read (e, c, op, now, out);
+    return 0;
+  case ENG_CLOSE:
+    submit_close (e, c, op, now, out);
+    return 0;
+  case ENG_SHUTDOWN:
+    submit_shutdown (e, c, op, now, out);
+    return 0;
+  }
+  abort ();
+}
+
+void
+engine_conn_set_workers (struct engine *e, struct eng_conn *c, unsigned n,
+                         uint64_t now, struct eng_actions *out)
+{
+  c->nr_workers = n;
+  check_parked (e, c, now, out);
+}
+
+/* ---- completion ---- */
+
+/* "Not now" on run r of file f. */
+static void
+not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
+         uint64_t now, struct eng_actions *out)
+{
+  uint64_t deadline, delay;
+
+  STATS_ADD (r->conn->stats->eagain, 1);
+  if (r->first_fail_ns == 0)
+    r->first_fail_ns = now ? now : 1;
+  deadline = eng_add_ns (r->first_fail_ns, e->cfg.retry.timeout_ns);
+  if (now >= deadline) {
+    STATS_ADD (r->conn->stats->gave_up, 1);
+    log_run (e, r, "giving up after retry-timeout:", EAGAIN, now);
+    run_finish (e, r, EIO, now, out);
+    return;
+  }
+  r->state = RUN_QUEUED;
+  f->nr_queued++;
+  if (f->inflight > 0) {
+    f->state = FILE_STALLED;
+    return;
+  }
+  /* blk_delay_queue, with a capped backoff; the last retry lands on the
+   * deadline, so that a run gets its whole retry-timeout, never more.
+   */
+  delay = retry_delay (&e->cfg.retry, f->retry.attempts);
+  if (f->retry.attempts < 64)
+    f->retry.attempts++;
+  f->state = FILE_DELAYED;
+  f->delay_until = MIN (eng_add_ns (now, delay), deadline);
+}
+
+void
+engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
+                 struct eng_actions *out)
+{
+  uint32_t b = r->run->backing;
+  struct eng_file *f = &e->files[b];
+  bool fast = r->run->flags & PLUG_F_FAST;
+
+  assert (r->state == RUN_INFLIGHT);
+  assert (f->inflight > 0);
+  f->inflight--;
+
+  if (err == 0) {
+    stats_count (&r->conn->stats->backend[stats_backend_of (r->run->op)],
+                 r->run->count);
+    if (f->state != FILE_RUNNING) {
+      /* blk-mq restarts a queue that got BLK_STS_RESOURCE when one of
+       * its requests completes: the delay is only for an idle queue.
+       */
+      STATS_ADD (r->conn->stats->restarted, 1);
+      f->state = FILE_RUNNING;
+    }
+    retry_reset (&f->retry);
+    run_finish (e, r, 0, now, out);
+  }
+  else if (retry_is_transient (err) && !fast)
+    not_now (e, f, r, now, out);
+  else {
+    /* The backend answered: a stalled queue may run again. */
+    if (f->state == FILE_STALLED)
+      f->state = FILE_RUNNING;
+    if (fast && (err == ENOTSUP || retry_is_transient (err)))
+      err = ENOTSUP;            /* "Cannot be fast": an answer. */
+    else {
+      STATS_ADD (r->conn->stats->errors, 1);
+      log_run (e, r, "cannot", err, now);
+    }
+    run_finish (e, r, err, now, out);
+  }
+  queue_dispatch (e, b, now, false, out);
+  check_waiters (e, now, out);
+}
+
+/* ---- waiting ops ---- */
+
+static bool
+conn_settled (const struct eng_conn *c)
+{
+  return c->nr_unfinished == 0 && c->mem_wait.head == NULL;
+}
+
+static void
+check_waiters (struct engine *e, uint64_t now, struct eng_actions *out)
+{
+  struct eng_op *op, *next;
+  struct eng_conn *c, *cnext;
+
+  while ((op = e->flush_wait.head) != NULL && flush_ready (e, op)) {
+    list_remove (&e->flush_wait, op);
+    op_answer (op, take_deferred (op->conn, op->horizon), out);
+    op_release (op, out);
+  }
+  for (op = e->read_wait.head; op != NULL; op = next) {
+    next = op->wnext;
+    if (!read_blocked (e, op)) {
+      list_remove (&e->read_wait, op);
+      op_answer (op, 0, out);
+      op_release (op, out);
+    }
+  }
+  for (c = e->conns; c != NULL; c = cnext) {
+    cnext = c->next;
+    admit_waiters (e, c, now, out);
+    if (c->close_op && conn_settled (c)) {
+      op = c->close_op;
+      c->close_op = NULL;
+      op_answer (op, 0, out);
+      op_release (op, out);
+    }
+  }
+  if (e->shutdown_op && e->unf_head == NULL) {
+    op = e->shutdown_op;
+    e->shutdown_op = NULL;
+    op_answer (op, 0, out);
+    op_release (op, out);
+  }
+}
+
+/* ---- time ---- */
+
+/* When must c's plug go out at the latest?  UINT64_MAX: never. */
+static uint64_t
+plug_deadline (const struct engine *e, const struct eng_conn *c)
+{
+  uint64_t d;
+
+  if (plug_is_empty (&c->plug))
+    return UINT64_MAX;
+  d = eng_add_ns (c->plug.oldest_ns, e->cfg.max_delay_ns);
+  if (e->cfg.idle_ns > 0)
+    d = MIN (d, eng_add_ns (c->last_activity_ns, e->cfg.idle_ns));
+  return MAX (d, c->unplug_retry_ns);
+}
+
+/* Fail for good every queued (not in flight) run of c, or of every
+ * connection if c is NULL: a close or exit whose deadline passed.
+ */
+static void
+fail_queued (struct engine *e, const struct eng_conn *c, uint64_t now,
+             struct eng_actions *out)
+{
+  uint32_t b;
+
+  for (b = 0; b < e->cfg.nr_backings; ++b) {
+    struct eng_run *r, *next;
+
+    for (r = e->files[b].head; r != NULL; r = next) {
+      next = r->qnext;
+      if (r->state == RUN_QUEUED && (c == NULL || r->conn == c)) {
+        STATS_ADD (r->conn->stats->gave_up, 1);
+        log_run (e, r, "could not be written before the deadline:",
+                 ETIMEDOUT, now);
+        run_finish (e, r, EIO, now, out);
+      }
+    }
+  }
+}
+
+void
+engine_tick (struct engine *e, uint64_t now, struct eng_actions *out)
+{
+  struct eng_conn *c;
+  uint32_t b;
+
+  for (c = e->conns; c != NULL; c = c->next) {
+    struct eng_op *op;
+
+    if (!plug_is_empty (&c->plug) && now >= plug_deadline (e, c)) {
+      bool aged = now >= eng_add_ns (c->plug.oldest_ns, e->cfg.max_delay_ns);
+
+      /* Hold mode: a timer had to release a lone held request while
+       * nothing else of the client waited: see enum conn_pace.
+       */
+      if (e->cfg.mode == ENG_HOLD) {
+        c->lone_streak = c->plug.reqs.len == 1 && c->nr_waiting <= 1 ?
+          c->lone_streak + 1 : 0;
+        if (c->lone_streak >= LONE_STREAK)
+          c->pace = PACE_PASSTHROUGH;
+      }
+      conn_unplug (e, c, aged ? PLUG_UNPLUG_MAX_DELAY : PLUG_UNPLUG_IDLE,
+                   now, out);
+    }
+    while ((op = c->mem_wait.head) != NULL && now >= op->deadline_ns)
+      refuse_waiter (c, op, out);
+    if (c->close_op && now >= c->close_deadline_ns) {
+      c->close_deadline_ns = UINT64_MAX;
+      conn_unplug (e, c, PLUG_UNPLUG_CLOSE, now, out);
+      fail_queued (e, c, now, out);
+    }
+  }
+  if (e->shutdown_op && now >= e->shutdown_deadline_ns) {
+    e->shutdown_deadline_ns = UINT64_MAX;
+    fail_queued (e, NULL, now, out);
+  }
+  for (b = 0; b < e->cfg.nr_backings; ++b) {
+    struct eng_file *f = &e->files[b];
+
+    if (f->state == FILE_DELAYED && f->nr_queued > 0 &&
+        now >= f->delay_until) {
+      STATS_ADD (f->head->conn->stats->timer_fired, 1);
+      queue_dispatch (e, b, now, false, out);
+    }
+  }
+  check_waiters (e, now, out);
+}
+
+uint64_t
+engine_next_deadline (const struct engine *e)
+{
+  const struct eng_conn *c;
+  uint64_t d = UINT64_MAX;
+  uint32_t b;
+
+  for (c = e->conns; c != NULL; c = c->next) {
+    d = MIN (d, plug_deadline (e, c));
+    if (c->mem_wait.head)
+      d = MIN (d, c->mem_wait.head->deadline_ns);
+    if (c->close_op)
+      d = MIN (d, c->close_deadline_ns);
+  }
+  if (e->shutdown_op)
+    d = MIN (d, e->shutdown_deadline_ns);
+  for (b = 0; b < e->cfg.nr_backings; ++b)
+    if (e->files[b].state == FILE_DELAYED && e->files[b].nr_queued > 0)
+      d = MIN (d, e->files[b].delay_until);
+  return d;
+}
+
+void
+engine_counts (const struct engine *e, struct eng_counts *n)
+{
+  const struct eng_conn *c;
+  const struct eng_op *op;
+  uint32_t b;
+
+  memset (n, 0, sizeof *n);
+  for (c = e->conns; c != NULL; c = c->next)
+    n->held += c->plug.reqs.len;
+  for (b = 0; b < e->cfg.nr_backings; ++b) {
+    n->queued += e->files[b].nr_queued;
+    n->inflight += e->files[b].inflight;
+  }
+  for (op = e->unf_head; op != NULL; op = op->unf_next)
+    n->unfinished++;
+  n->bytes = e->bytes;
+  n->lost = e->lost;
+}

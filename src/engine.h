@@ -1,0 +1,311 @@
+/* engine.h: the export's state machine (pure: no threads, no clock, no
+ * syscalls, no nbdkit, libev or libnbd).
+ *
+ * One struct engine serves one export and every connection to it.  Each
+ * connection (struct eng_conn) has its own plug, the kernel's per-task
+ * struct blk_plug; every backing file has one dispatch queue shared by
+ * all connections, the kernel's one request queue per device, where the
+ * runs of every plug wait for their turn and for a free in-flight slot.
+ * Because the queues, the index of what is held and in flight, and the
+ * sequence numbers are export-wide, every connection sees every other
+ * connection's acknowledged writes, and a FLUSH on any connection covers
+ * what any connection had acknowledged before it: NBD's multi-conn rule.
+ *
+ * Events go in (a request submitted, a run completed with a result, time
+ * passed, a connection closing), actions come out in a struct
+ * eng_actions: runs to issue, requests to answer, requests to release.
+ * The caller holds one lock around every call, performs the actions
+ * after dropping it, and arms one timer at engine_next_deadline().
+ *
+ * Ordering rules, each a named invariant that the unit tests check:
+ *
+ *  - SEQUENCE.  Every mutation (write, zero, trim) gets a sequence number
+ *    when it is admitted, which is when it is acknowledged in writeback
+ *    mode.  A FLUSH records the highest number admitted before it (its
+ *    horizon) and is answered once every mutation up to the horizon has
+ *    finished (written, or failed for good): never later writes.
+ *  - NO OVERLAP IN PLUGS.  A mutation that overlaps data held in any
+ *    plug (its own or another connection's) first unplugs that plug.  So
+ *    of two overlapping mutations, the older one is always in a run
+ *    created earlier.
+ *  - QUEUE ORDER.  A run is issued only when no unfinished run created
+ *    earlier for the same file overlaps it.  With the rule above,
+ *    overlapping data reaches the file in sequence order, whichever
+ *    connections it came from.
+ *  - NEVER DROPPED.  "Not now" (EAGAIN, ENOMEM, EBUSY from the backend,
+ *    or no free in-flight slot) leaves a run queued in its place; the
+ *    file's queue is delayed (blk_delay_queue) or waits for a completion.
+ *    A run fails for good only on a real error, or after retry-timeout
+ *    of "not now".
+ *  - ERRORS BELONG TO RUNS.  A failed run fails only its own requests;
+ *    other runs of the same file go on.  A write that was acknowledged
+ *    and then failed for good is released (memory stays bounded) and its
+ *    error becomes the deferred error that the next FLUSH of every
+ *    connection reports.
+ *
+ * Ownership: the caller allocates every struct eng_op (and its pieces
+ * and data) and frees it when the engine puts it on a release list; the
+ * engine never frees an op and never touches one after releasing it.
+ * Runs (struct eng_run) belong to the engine; the caller may read a run
+ * it was told to issue until it hands it back with engine_complete().
+ * Connections belong to the engine and are freed by engine_conn_free().
+ */
+#ifndef NBDPLUG_ENGINE_H
+#define NBDPLUG_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "plug.h"
+#include "retry.h"
+#include "stats.h"
+
+enum eng_mode {
+  ENG_WRITEBACK,                /* Acknowledge a write once it is held. */
+  ENG_HOLD,                     /* Answer a write once it is written. */
+};
+
+enum eng_kind {
+  ENG_WRITE = PLUG_OP_WRITE,
+  ENG_ZERO = PLUG_OP_ZERO,
+  ENG_TRIM = PLUG_OP_TRIM,
+  ENG_FLUSH,                    /* Answered at its horizon; the caller then
+                                 * syncs the files. */
+  ENG_READ,                     /* A barrier before reading (or extents):
+                                 * answered when no older unfinished
+                                 * mutation overlaps its pieces. */
+  ENG_CLOSE,                    /* The connection's last request: answered
+                                 * when everything it admitted finished. */
+  ENG_SHUTDOWN,                 /* Server exit: answered when every
+                                 * connection's mutations finished. */
+};
+
+/* Op flags. */
+#define ENG_F_FUA      1        /* NBD_CMD_FLAG_FUA: answer once written. */
+#define ENG_F_FAST     2        /* NBD_CMD_FLAG_FAST_ZERO. */
+#define ENG_F_MAY_TRIM 4        /* Zero: may punch a hole. */
+
+/* The configuration; copied by engine_new. */
+struct eng_config {
+  enum eng_mode mode;
+  uint32_t nr_backings;
+  uint64_t idle_ns;             /* Unplug when no request came for this
+                                 * long; 0: at once. */
+  uint64_t max_delay_ns;        /* Unplug when the oldest is this old. */
+  struct plug_limits lim;       /* max_requests, max_bytes (per
+                                 * connection: also the memory bound),
+                                 * max_merge, max_iov. */
+  unsigned max_inflight;        /* Runs in flight per backing file. */
+  bool direct;                  /* Write what cannot merge at once. */
+  struct retry_policy retry;
+
+  /* Called with the caller's lock held, so it must be cheap (the engine
+   * rate-limits errors to one line per file per second).  level 0 is an
+   * error, 1 a debug message.  May be NULL.
+   */
+  void (*log) (void *opaque, int level, const char *msg);
+  void *log_opaque;
+  bool debug_unplug;            /* Log every unplug at level 1. */
+};
+
+/* Engine-private state of an op: named, never a cluster of booleans. */
+enum eng_op_state {
+  OP_NEW,                       /* Not yet submitted. */
+  OP_WAIT_MEMORY,               /* Writeback, past max-bytes: waits to be
+                                 * admitted (the client waits). */
+  OP_ADMITTED,                  /* Has a sequence number; pieces are held
+                                 * in a plug or in runs. */
+  OP_WAITING,                   /* FLUSH/READ/CLOSE/SHUTDOWN: parked until
+                                 * its condition holds. */
+  OP_FINISHED,                  /* Answered and released. */
+};
+
+struct eng_conn;
+
+struct eng_op {
+  /* Set by the caller before engine_submit; read-only afterwards. */
+  enum eng_kind kind;
+  uint32_t flags;               /* ENG_F_*. */
+  uint64_t offset, count;       /* Export range (for messages). */
+  uint64_t bytes;               /* Bytes of data the caller copied for
+                                 * this op (writeback writes): counted
+                                 * against max-bytes until released. */
+  size_t nr_pieces;
+  struct plug_req *pieces;      /* Borrowed: [nr_pieces], one per backing
+                                 * file piece, with backing, offset,
+                                 * count, op, flags and (writes) buf set.
+                                 * The engine sets seq, arrival_ns and
+                                 * opaque. */
+  void *waiter;                 /* The caller's, for answering. */
+
+  /* Results, valid once the op is on a reply list (or acknowledged). */
+  int err;                      /* 0 or an errno for the client. */
+  bool acked;                   /* Set by engine_submit: the client may be
+                                 * answered with success right now and the
+                                 * op will never be on a reply list. */
+
+  /* Engine only. */
+  enum eng_op_state state;
+  struct eng_conn *conn;
+  uint64_t seq;                 /* Mutations: admission order. */
+  uint64_t horizon;             /* FLUSH/READ: highest seq before it. */
+  uint64_t deadline_ns;         /* OP_WAIT_MEMORY, CLOSE: give up then. */
+  size_t pending;               /* Pieces not finished. */
+  bool reply_pending;           /* The client waits for an answer. */
+  bool told_ok;                 /* The client was told "written" before
+                                 * the data finished (writeback): a later
+                                 * failure becomes a deferred error. */
+  struct eng_op *unf_prev, *unf_next;   /* Unfinished mutations, by seq. */
+  struct eng_op *wprev, *wnext;         /* A waiting list. */
+  struct eng_op *reply_next, *release_next;     /* Action lists. */
+};
+
+enum eng_run_state {
+  RUN_QUEUED,                   /* In its file's queue, not issued. */
+  RUN_INFLIGHT,                 /* Given to the caller to issue. */
+};
+
+/* A run: one backend I/O, made of the pieces of one connection's plug
+ * that merged (or one piece on the direct path).
+ */
+struct eng_run {
+  struct plug_run *run;         /* What to do: op, flags, backing, offset,
+                                 * count, members (with their bufs). */
+  /* Engine only. */
+  enum eng_run_state state;
+  struct eng_conn *conn;        /* Whose plug it came from. */
+  uint64_t batch;               /* Runs of one batch never overlap. */
+  uint64_t min_seq;             /* Oldest member. */
+  uint64_t first_fail_ns;       /* First "not now", 0 if none. */
+  struct eng_run *qprev, *qnext;        /* Its file's queue. */
+  struct eng_run *issue_next;           /* Action list. */
+};
+
+/* What the caller must do after dropping its lock, in this order:
+ * issue every run in `issue` (and hand each back with engine_complete),
+ * answer every op in `reply` with op->err, then free every op in
+ * `release` (an op may be on both; answer first).
+ */
+struct eng_actions {
+  struct eng_run *issue, **issue_tail;
+  struct eng_op *reply, **reply_tail;
+  struct eng_op *release, **release_tail;
+};
+
+extern void eng_actions_init (struct eng_actions *a)
+  __attribute__ ((__nonnull__ (1)));
+static inline bool
+eng_actions_empty (const struct eng_actions *a)
+{
+  return a->issue == NULL && a->reply == NULL && a->release == NULL;
+}
+
+struct engine;
+
+/* Create an engine.  Returns NULL with errno (EINVAL for a zero limit
+ * or no backing file, ENOMEM).
+ */
+extern struct engine *engine_new (const struct eng_config *cfg)
+  __attribute__ ((__nonnull__ (1)));
+
+/* Free an engine with no connections left (asserted).  Runs still
+ * queued are freed; nothing is issued.
+ */
+extern void engine_free (struct engine *e);
+
+/* A new connection; its statistics are counted into *stats (borrowed:
+ * must outlive the connection).  Returns NULL with errno (ENOMEM, or
+ * ESHUTDOWN after engine_submit of ENG_SHUTDOWN).
+ */
+extern struct eng_conn *engine_conn_open (struct engine *e,
+                                          struct plug_stats *stats)
+  __attribute__ ((__nonnull__ (1, 2)));
+
+/* Free a connection whose ENG_CLOSE op was answered (asserted: it owns
+ * nothing unfinished any more).
+ */
+extern void engine_conn_free (struct engine *e, struct eng_conn *c)
+  __attribute__ ((__nonnull__ (1, 2)));
+
+/* How many worker threads serve c (learnt by the caller, which sees
+ * each thread that calls it).  When every one of them waits for an
+ * answer and nothing of c is in a queue, nobody is left to bring the
+ * request that would unplug c: c unplugs now (the kernel flushes a
+ * task's plug when it sleeps).
+ */
+extern void engine_conn_set_workers (struct engine *e, struct eng_conn *c,
+                                     unsigned n, uint64_t now,
+                                     struct eng_actions *out)
+  __attribute__ ((__nonnull__ (1, 2, 5)));
+
+/* The direct path: may op (a write, zero or trim whose data the caller
+ * has not copied) be written at once, without entering the plug?  It
+ * may when it continues none of c's recent requests (so it could not
+ * merge), overlaps nothing unfinished, and its files have free slots.
+ * If so, returns true: op is admitted, its runs are on out->issue and
+ * the client waits for the answer (the data stays the caller's until
+ * then).  Otherwise returns false and nothing changed but c's memory
+ * of recent requests.
+ */
+extern bool engine_try_direct (struct engine *e, struct eng_conn *c,
+                               struct eng_op *op, uint64_t now,
+                               struct eng_actions *out)
+  __attribute__ ((__nonnull__ (1, 2, 3, 5)));
+
+/* Submit op on connection c at time now.  Afterwards op->acked says
+ * whether the client may be answered with success at once; otherwise
+ * the answer comes on a reply list (possibly out's, right now).
+ * Returns 0, or -1 with errno (ENOMEM; ESHUTDOWN for a mutation on a
+ * closing connection or after ENG_SHUTDOWN; EINVAL for no pieces) when
+ * op could not even be accepted: nothing was acknowledged, and the
+ * caller answers the error and frees op.  c may be NULL only for
+ * ENG_SHUTDOWN (the server's exit is nobody's connection).
+ *
+ * Writes in writeback mode must carry the caller's own copy of the
+ * data (op->bytes says how much); in hold mode, and for a FUA write,
+ * the data may be borrowed: the client waits.
+ */
+extern int engine_submit (struct engine *e, struct eng_conn *c,
+                          struct eng_op *op, uint64_t now,
+                          struct eng_actions *out)
+  __attribute__ ((__nonnull__ (1, 3, 5)));
+
+/* Run r, issued before, completed with err (0 or an errno) at now. */
+extern void engine_complete (struct engine *e, struct eng_run *r, int err,
+                             uint64_t now, struct eng_actions *out)
+  __attribute__ ((__nonnull__ (1, 2, 5)));
+
+/* Time passed: fire every timer due at now (idle, max-delay, delayed
+ * queues, memory waits, close deadlines).
+ */
+extern void engine_tick (struct engine *e, uint64_t now,
+                         struct eng_actions *out)
+  __attribute__ ((__nonnull__ (1, 3)));
+
+/* When must engine_tick be called next?  UINT64_MAX: no timer. */
+extern uint64_t engine_next_deadline (const struct engine *e)
+  __attribute__ ((__nonnull__ (1)));
+
+/* Counters for tests and statistics. */
+struct eng_counts {
+  uint64_t held;                /* Pieces in plugs. */
+  uint64_t queued;              /* Runs queued, not in flight. */
+  uint64_t inflight;            /* Runs in flight. */
+  uint64_t unfinished;          /* Admitted mutations not finished. */
+  uint64_t bytes;               /* Copied bytes not released, all
+                                 * connections. */
+  uint64_t lost;                /* Acknowledged writes that failed for
+                                 * good (since engine_new). */
+};
+extern void engine_counts (const struct engine *e, struct eng_counts *n)
+  __attribute__ ((__nonnull__ (1, 2)));
+
+/* Saturating a + b for timestamps: a duration of 2^64 ns never wraps. */
+static inline uint64_t
+eng_add_ns (uint64_t a, uint64_t b)
+{
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+#endif /* NBDPLUG_ENGINE_H */
