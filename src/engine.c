@@ -817,18 +817,23 @@ static int
 issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
              uint64_t now, struct eng_actions *out)
 {
-  struct plug_run *prs[op->nr_pieces ? op->nr_pieces : 1];
+  struct eng_run *made = NULL, *r, *next;
   size_t i;
 
-  for (i = 0; i < op->nr_pieces; ++i) {
+  /* Make every run first: the only failure point comes before any
+   * state changes.  They are chained through issue_next, newest first.
+   */
+  for (i = op->nr_pieces; i-- > 0; ) {
     struct plug_req *p = &op->pieces[i];
     char *mem = calloc (1, e->run_prefix + sizeof (struct plug_run) +
                         sizeof (struct plug_req *));
     struct plug_run *pr;
 
     if (mem == NULL) {
-      while (i > 0)
-        plug_run_free (prs[--i]);
+      for (r = made; r != NULL; r = next) {
+        next = r->issue_next;
+        run_free (r);
+      }
       return -1;
     }
     pr = (struct plug_run *) (mem + e->run_prefix);
@@ -840,7 +845,10 @@ issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
     pr->count = p->count;
     pr->n = 1;
     pr->reqs[0] = p;
-    prs[i] = pr;
+    r = run_of (pr);
+    r->run = pr;
+    r->issue_next = made;
+    made = r;
   }
 
   op->state = OP_ADMITTED;
@@ -848,17 +856,15 @@ issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
   unf_append (e, op);
   c->nr_unfinished++;
   c->last_activity_ns = now;
-  for (i = 0; i < op->nr_pieces; ++i) {
-    struct eng_run *r = run_of (prs[i]);
-
-    op->pieces[i].seq = op->seq;
-    r->run = prs[i];
+  for (r = made; r != NULL; r = next) {
+    next = r->issue_next;
+    r->run->reqs[0]->seq = op->seq;
     r->state = RUN_QUEUED;
     r->conn = c;
     r->batch = e->next_batch++;
     r->min_seq = op->seq;
     queue_append (e, r);
-    run_issue (&e->files[prs[i]->backing], r, out);
+    run_issue (&e->files[r->run->backing], r, out);
   }
   return 0;
 }
