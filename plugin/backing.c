@@ -31,7 +31,7 @@
 #include "plugin.h"
 
 int
-backing_open (struct backing *b, const char *name, unsigned max_inflight)
+backing_open (struct backing *b, const char *name)
 {
   struct stat st;
   int fd;
@@ -61,6 +61,15 @@ backing_open (struct backing *b, const char *name, unsigned max_inflight)
     }
     b->size = end;
     b->is_block = true;
+    b->sector = 512;
+#ifdef BLKSSZGET
+    {
+      int ss;
+
+      if (ioctl (fd, BLKSSZGET, &ss) == 0 && ss > 0)
+        b->sector = ss;
+    }
+#endif
   }
   else if (S_ISREG (st.st_mode))
     b->size = st.st_size;
@@ -73,10 +82,8 @@ backing_open (struct backing *b, const char *name, unsigned max_inflight)
   b->name = name;
   b->fd = fd;
   b->readonly = ro;
-  b->max_inflight = max_inflight;
   b->can_punch = true;
   b->can_zero_range = true;
-  pthread_mutex_init (&b->lock, NULL);
   return 0;
 
  err:
@@ -87,31 +94,9 @@ backing_open (struct backing *b, const char *name, unsigned max_inflight)
 void
 backing_close (struct backing *b)
 {
-  if (b->fd >= 0) {
+  if (b->fd >= 0)
     close (b->fd);
-    pthread_mutex_destroy (&b->lock);
-  }
   b->fd = -1;
-}
-
-unsigned
-backing_reserve (struct backing *b, unsigned want)
-{
-  unsigned got;
-
-  pthread_mutex_lock (&b->lock);
-  got = MIN (want, b->max_inflight - b->inflight);
-  b->inflight += got;
-  pthread_mutex_unlock (&b->lock);
-  return got;
-}
-
-void
-backing_release (struct backing *b, unsigned n)
-{
-  pthread_mutex_lock (&b->lock);
-  b->inflight -= n;
-  pthread_mutex_unlock (&b->lock);
 }
 
 /* pwritev until everything is written: a short write is not an error. */
@@ -181,14 +166,20 @@ write_zeroes (struct backing *b, uint64_t offset, uint64_t count)
   return 0;
 }
 
+/* The file (its filesystem or driver) cannot do this mode at all.
+ * EINVAL is not one of these: it may be about this request's offset or
+ * alignment, and must not turn the mode off for every later request.
+ */
 static bool
 not_supported (int err)
 {
   return err == EOPNOTSUPP || err == ENOTSUP || err == ENOSYS ||
-    err == EINVAL || err == ENODEV;
+    err == ENODEV;
 }
 
-/* fallocate mode, or -1 with errno if the file cannot do it. */
+/* fallocate mode, or -1 with errno: EOPNOTSUPP if the file cannot do it
+ * (now or ever), so that the caller falls back to another way.
+ */
 static int
 try_fallocate (struct backing *b, bool *flag, int mode,
                uint64_t offset, uint64_t count)
@@ -199,12 +190,43 @@ try_fallocate (struct backing *b, bool *flag, int mode,
   }
   if (fallocate (b->fd, mode, offset, count) == 0)
     return 0;
-  if (not_supported (errno)) {
+  if (not_supported (errno))
     __atomic_store_n (flag, false, __ATOMIC_RELAXED);
+  if (not_supported (errno) || errno == EINVAL)
     errno = EOPNOTSUPP;
-  }
   return -1;
 }
+
+#ifdef BLKZEROOUT
+/* BLKZEROOUT takes only whole logical blocks: zero the aligned middle
+ * with it and write zeroes to the unaligned edges.
+ */
+static int
+zero_block_device (struct backing *b, uint64_t offset, uint64_t count)
+{
+  uint64_t ss = b->sector, start, end;
+  uint64_t range[2];
+
+  start = (offset + ss - 1) / ss * ss;
+  end = (offset + count) / ss * ss;
+  if (end <= start)
+    return write_zeroes (b, offset, count);
+  if (start > offset && write_zeroes (b, offset, start - offset) == -1)
+    return -1;
+  range[0] = start;
+  range[1] = end - start;
+  if (ioctl (b->fd, BLKZEROOUT, range) == -1) {
+    if (!not_supported (errno) && errno != EINVAL)
+      return -1;
+    if (write_zeroes (b, start, end - start) == -1)
+      return -1;
+  }
+  if (offset + count > end &&
+      write_zeroes (b, end, offset + count - end) == -1)
+    return -1;
+  return 0;
+}
+#endif
 
 static int
 zero_run (struct backing *b, const struct plug_run *run)
@@ -226,11 +248,8 @@ zero_run (struct backing *b, const struct plug_run *run)
   if (errno != EOPNOTSUPP)
     return -1;
 #ifdef BLKZEROOUT
-  if (b->is_block && !fast) {
-    uint64_t range[2] = { run->offset, run->count };
-    if (ioctl (b->fd, BLKZEROOUT, range) == 0)
-      return 0;
-  }
+  if (b->is_block && !fast)
+    return zero_block_device (b, run->offset, run->count);
 #endif
   /* Fast zero: "MUST fail quickly with NBD_ENOTSUP unless the request
    * can be serviced in less time than a corresponding NBD_CMD_WRITE".

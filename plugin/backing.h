@@ -1,15 +1,9 @@
 /* backing.h: one backing file (regular file or block device).
  *
- * The backing files are global: every connection's loop thread writes
- * to them and every worker thread reads them.  pread/pwrite on one fd
- * are safe from many threads, so the only shared mutable state is the
- * in-flight slot count, under `lock`.
- *
- * In-flight slots are a real resource limit (max-inflight=): when all
- * of a file's slots are taken by other connections' dispatches,
- * backing_reserve() says "not now" (0 slots) and the caller delays that
- * file's queue, as a blk-mq driver returns BLK_STS_RESOURCE when it has
- * no tag left.
+ * The backing files are global: I/O pool threads and nbdkit workers
+ * write them, workers read them.  pread/pwrite on one fd are safe from
+ * many threads.  In-flight slots (max-inflight=) are counted by the
+ * engine, which owns every dispatch decision.
  */
 #ifndef NBDPLUG_BACKING_H
 #define NBDPLUG_BACKING_H
@@ -28,13 +22,11 @@ struct backing {
   uint64_t size;
   bool is_block;                /* Block device (BLKZEROOUT etc.). */
   bool readonly;                /* Could only be opened O_RDONLY. */
+  uint32_t sector;              /* Block device: logical block size. */
 
-  /* Protected by lock. */
-  pthread_mutex_t lock;
-  unsigned inflight;            /* Slots taken. */
-  unsigned max_inflight;
-
-  /* Atomic: learnt at run time, only ever cleared. */
+  /* Atomic, per file: learnt at run time, only ever cleared, and only
+   * by ENOTSUP/EOPNOTSUPP (EINVAL may be about one request's range).
+   */
   bool can_punch;               /* fallocate PUNCH_HOLE works. */
   bool can_zero_range;          /* fallocate ZERO_RANGE works. */
 };
@@ -42,21 +34,14 @@ struct backing {
 /* Open the file (O_RDWR, or O_RDONLY if it cannot be written) and find
  * its size.  Returns 0, or -1 after nbdkit_error naming the file.
  */
-extern int backing_open (struct backing *b, const char *name,
-                         unsigned max_inflight);
+extern int backing_open (struct backing *b, const char *name);
 extern void backing_close (struct backing *b);
-
-/* Take up to `want` in-flight slots under one acquisition of the lock.
- * Returns how many were taken: 0 means "not now".
- */
-extern unsigned backing_reserve (struct backing *b, unsigned want);
-extern void backing_release (struct backing *b, unsigned n);
 
 /* Issue one run, after -D plug.backend_delay_us and
  * -D plug.inject_eagain have had their say.  Returns 0, or -1 with
  * errno (EAGAIN/ENOMEM: not now; ENOTSUP: a fast zero that cannot be
  * fast; other: real error).  Context: an I/O pool thread, or a worker
- * on the direct path.
+ * that unplugged or took the direct path.
  */
 extern int backing_issue_run (struct backing *b, const struct plug_run *run);
 

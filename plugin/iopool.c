@@ -8,53 +8,42 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
-#include <ev.h>
-
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
-#include "backing.h"
 #include "cleanup.h"
-#include "conn.h"
+#include "glue.h"
 #include "iopool.h"
-#include "plugin.h"
 
+/* Protected by lock. */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
-static struct job *head, **tail = &head;       /* Protected by lock. */
-static bool stopping;                          /* Protected by lock. */
+static struct eng_run *head, **tail = &head;   /* Linked by issue_next. */
+enum pool_state { POOL_STOPPED, POOL_RUNNING, POOL_STOPPING };
+static enum pool_state state;
 static pthread_t *threads;                     /* Owned. */
-static unsigned nr_threads;                    /* Protected by lock. */
-
-static void
-do_job (struct job *j)
-{
-  struct backing *bk = &backings[j->run->backing];
-
-  j->err = backing_issue_run (bk, j->run) == 0 ? 0 : errno;
-}
+static unsigned nr_threads;
 
 static void *
-worker (void *arg)
+pool_thread (void *arg)
 {
   for (;;) {
-    struct job *j;
+    struct eng_run *r;
 
     pthread_mutex_lock (&lock);
-    while (head == NULL && !stopping)
+    while (head == NULL && state == POOL_RUNNING)
       pthread_cond_wait (&cond, &lock);
     if (head == NULL) {
       pthread_mutex_unlock (&lock);
       return NULL;
     }
-    j = head;
-    head = j->next;
+    r = head;
+    head = r->issue_next;
     if (head == NULL)
       tail = &head;
     pthread_mutex_unlock (&lock);
 
-    do_job (j);
-    conn_job_done (j->c, j);
+    glue_issue (r, GLUE_INLINE_ALL);
   }
 }
 
@@ -65,7 +54,7 @@ iopool_start (unsigned n)
   int err = 0;
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&lock);
 
-  if (nr_threads > 0)
+  if (state != POOL_STOPPED)
     return 0;
   threads = calloc (n, sizeof *threads);
   if (threads == NULL) {
@@ -75,8 +64,8 @@ iopool_start (unsigned n)
   /* Signals belong to nbdkit's threads. */
   sigfillset (&all);
   pthread_sigmask (SIG_SETMASK, &all, &old);
-  for (; nr_threads < n; nr_threads++) {
-    err = pthread_create (&threads[nr_threads], NULL, worker, NULL);
+  for (nr_threads = 0; nr_threads < n; nr_threads++) {
+    err = pthread_create (&threads[nr_threads], NULL, pool_thread, NULL);
     if (err != 0)
       break;
   }
@@ -88,18 +77,22 @@ iopool_start (unsigned n)
     threads = NULL;
     return -1;
   }
+  state = POOL_RUNNING;
   return 0;
 }
 
-void
-iopool_submit (struct job *j)
+bool
+iopool_submit (struct eng_run *r)
 {
-  pthread_mutex_lock (&lock);
-  j->next = NULL;
-  *tail = j;
-  tail = &j->next;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&lock);
+
+  if (state != POOL_RUNNING)
+    return false;
+  r->issue_next = NULL;
+  *tail = r;
+  tail = &r->issue_next;
   pthread_cond_signal (&cond);
-  pthread_mutex_unlock (&lock);
+  return true;
 }
 
 void
@@ -108,13 +101,21 @@ iopool_stop (void)
   unsigned i, n;
 
   pthread_mutex_lock (&lock);
-  stopping = true;
+  if (state != POOL_RUNNING) {
+    pthread_mutex_unlock (&lock);
+    return;
+  }
+  state = POOL_STOPPING;
   n = nr_threads;
   pthread_cond_broadcast (&cond);
   pthread_mutex_unlock (&lock);
+  /* The threads drain the queue before they see the state. */
   for (i = 0; i < n; ++i)
     pthread_join (threads[i], NULL);
+  pthread_mutex_lock (&lock);
   free (threads);
   threads = NULL;
   nr_threads = 0;
+  state = POOL_STOPPED;
+  pthread_mutex_unlock (&lock);
 }

@@ -1,50 +1,30 @@
-/* iopool.h: the threads that issue runs to the backing files.
+/* iopool.h: threads that issue runs to the backing files.
  *
- * A connection's loop thread decides what to write and in which order;
- * these threads only perform the I/O, so that runs that do not depend
- * on each other are in flight at the same time (a slow backend pays its
+ * The engine decides what to write and in which order; these threads
+ * only perform the I/O, so that runs that do not depend on each other
+ * are in flight at the same time (a slow backend pays its
  * per-operation latency in parallel, and page-cache copies use every
- * core).  The pool is global: created at the first connection (after
- * nbdkit forked), shared by all connections, stopped at unload.
- *
- * A job goes loop -> pool (iopool_submit) -> its connection's done list
- * (under c->lock, then ev_async_send): the only ev_* call a pool thread
- * makes.
+ * core).  The pool is global: started after nbdkit forked (.after_fork),
+ * shared by all connections, stopped and joined at server exit
+ * (.cleanup) before anything it could touch goes away.
  */
 #ifndef NBDPLUG_IOPOOL_H
 #define NBDPLUG_IOPOOL_H
 
 #include <stdbool.h>
-#include <stdint.h>
 
-#include "plug.h"
+#include "engine.h"
 
-struct conn;
-
-struct job {
-  /* Set by the loop thread before submission, read-only in flight. */
-  struct conn *c;
-  struct plug_run *run;         /* Owned by the job. */
-  uint64_t batch;               /* Unplug number: runs taken in one unplug
-                                 * never overlap each other. */
-  /* Written by the pool thread, read by the loop after completion. */
-  int err;
-  /* Loop thread only, except next (pool queue, then done list). */
-  bool inflight;
-  struct job *next;
-};
-
-/* Start the pool with n threads if it is not running.  Returns 0, or -1
- * after nbdkit_error.  Context: .open (after the fork).
- */
+/* Start n threads.  Returns 0, or -1 after nbdkit_error. */
 extern int iopool_start (unsigned n);
 
-/* Queue a job.  Context: a loop thread. */
-extern void iopool_submit (struct job *j);
-
-/* Stop and join the threads (nothing may be in flight).  Context:
- * .unload.
+/* Queue run r (owned by the engine, in flight) for a pool thread.
+ * Returns false if the pool is not running: the caller issues r itself.
+ * Any thread.
  */
+extern bool iopool_submit (struct eng_run *r);
+
+/* Stop and join the threads; runs still queued are issued first. */
 extern void iopool_stop (void);
 
 #endif /* NBDPLUG_IOPOOL_H */

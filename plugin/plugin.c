@@ -19,12 +19,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <ev.h>
+
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
 #include "backing.h"
 #include "cleanup.h"
 #include "conn.h"
+#include "glue.h"
 #include "iopool.h"
 #include "layout.h"
 #include "minmax.h"
@@ -156,19 +159,25 @@ stats_publish (const struct plug_stats *conn_stats)
   write_statsfile_locked ();
 }
 
-/* nbdkit 1.32 can reach .cleanup while a connection thread is still
- * between .finalize and .close, and that thread then never reaches
- * .close (seen with --run: it waits behind the main thread until the
- * process exits).  So write out every plug here and count the
- * statistics of connections still open; waiting for them to close would
- * only delay the exit (it cost 2 s in 1 run of 10).
+/* Server exit.  nbdkit 1.32 can reach .cleanup while a connection
+ * thread is still between .finalize and .close, and that thread then
+ * never reaches .close (seen with --run), so everything every
+ * connection acknowledged is written out here (the engine retries "not
+ * now" up to retry-timeout), the files are synced, and then every
+ * thread the plugin started is stopped and joined: none may outlive
+ * .unload and the dlclose after it.  Connections still open count in
+ * the statistics written here.
  */
 static void
 plugin_cleanup (void)
 {
   struct plug_stats live = { 0 };
 
-  conns_drain_all (&live);
+  if (eng == NULL)
+    return;
+  conns_shutdown (&live);
+  iopool_stop ();
+  timer_stop ();
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&stats_lock);
   if (live.connections > 0) {
     struct plug_stats saved = stats_total;
@@ -184,12 +193,19 @@ plugin_unload (void)
 {
   size_t i;
 
-  /* A connection that outlived .cleanup's wait may still use the files
-   * (see plugin_cleanup): the process is exiting, leave them.
+  /* No worker-thread destructor may run from an unloaded plugin. */
+  conn_delete_worker_key ();
+  /* A connection nbdkit never closed may still hold the engine and
+   * read the files (see plugin_cleanup): the process is exiting, leave
+   * them.
    */
   if (conns_open () > 0)
     return;
-  iopool_stop ();
+  {
+    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
+    engine_free (eng);
+    eng = NULL;
+  }
   for (i = 0; i < nr_backings; ++i)
     backing_close (&backings[i]);
   free (backings);
@@ -370,6 +386,40 @@ plugin_config_complete (void)
   return 0;
 }
 
+/* The engine's messages, already rate-limited (engine.h). */
+static void
+engine_log (void *opaque, int level, const char *msg)
+{
+  if (level == 0)
+    nbdkit_error ("%s", msg);
+  else
+    nbdkit_debug ("%s", msg);
+}
+
+static int
+make_engine (void)
+{
+  struct eng_config ec = {
+    .mode = cfg.mode == MODE_HOLD ? ENG_HOLD : ENG_WRITEBACK,
+    .nr_backings = nr_backings,
+    .idle_ns = cfg.idle_ns,
+    .max_delay_ns = cfg.max_delay_ns,
+    .lim = cfg.lim,
+    .max_inflight = cfg.max_inflight,
+    .direct = cfg.direct,
+    .retry = cfg.retry,
+    .log = engine_log,
+    .debug_unplug = plug_debug_unplug,
+  };
+
+  eng = engine_new (&ec);
+  if (eng == NULL) {
+    nbdkit_error ("engine: %m");
+    return -1;
+  }
+  return 0;
+}
+
 /* Open the files and build the layout here, not in .config_complete:
  * errors are still seen by the user, and --dump-plugin never opens them.
  */
@@ -408,7 +458,7 @@ plugin_get_ready (void)
     return -1;
   }
   for (i = 0; i < files.len; ++i) {
-    if (backing_open (&backings[i], files.ptr[i], cfg.max_inflight) == -1)
+    if (backing_open (&backings[i], files.ptr[i]) == -1)
       return -1;
     nr_backings++;
     sizes[i] = backings[i].size;
@@ -425,6 +475,15 @@ plugin_get_ready (void)
       nbdkit_error ("%s", layout_strerror (why));
     return -1;
   }
+  return make_engine ();
+}
+
+/* Threads only now: nbdkit may have forked since .get_ready. */
+static int
+plugin_after_fork (void)
+{
+  if (iopool_start (cfg.io_threads) == -1 || timer_start () == -1)
+    return -1;
   return 0;
 }
 
@@ -512,16 +571,17 @@ plugin_can_fua (void *handle)
   return NBDKIT_FUA_NATIVE;
 }
 
-/* Hold mode: every reply means the data reached the shared backing
- * files, and FLUSH syncs every file, so FLUSH/FUA effects are visible
- * across connections.  Writeback mode: a connection's plug is a private
- * cache, so NBD_FLAG_CAN_MULTI_CONN would be a lie (cf. the NBD spec:
- * "operates entirely without cache, or ... the cache it uses is shared").
+/* NBD_FLAG_CAN_MULTI_CONN: "the server operates entirely without cache,
+ * or ... the cache it uses is shared among all connections".  Ours is
+ * shared in both modes: one engine per export, whose queues, index of
+ * held data and sequence numbers every connection uses, so a read on
+ * any connection sees every acknowledged write and a FLUSH on any
+ * connection covers what any connection acknowledged before it.
  */
 static int
 plugin_can_multi_conn (void *handle)
 {
-  return cfg.mode == MODE_HOLD;
+  return 1;
 }
 
 static int
@@ -679,6 +739,7 @@ static struct nbdkit_plugin plugin = {
   .config_help = plugin_config_help,
   .magic_config_key = "file",
   .get_ready = plugin_get_ready,
+  .after_fork = plugin_after_fork,
   .cleanup = plugin_cleanup,
   .dump_plugin = plugin_dump_plugin,
   .open = plugin_open,

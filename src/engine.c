@@ -1363,6 +1363,12 @@ engine_next_deadline (const struct engine *e)
   return d;
 }
 
+bool
+engine_quiet (const struct engine *e)
+{
+  return e->unf_head == NULL;
+}
+
 void
 engine_counts (const struct engine *e, struct eng_counts *n)
 {

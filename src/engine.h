@@ -287,6 +287,12 @@ extern void engine_tick (struct engine *e, uint64_t now,
 extern uint64_t engine_next_deadline (const struct engine *e)
   __attribute__ ((__nonnull__ (1)));
 
+/* Is nothing held, queued or in flight anywhere?  Then a read needs no
+ * barrier.
+ */
+extern bool engine_quiet (const struct engine *e)
+  __attribute__ ((__nonnull__ (1)));
+
 /* Counters for tests and statistics. */
 struct eng_counts {
   uint64_t held;                /* Pieces in plugs. */

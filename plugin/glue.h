@@ -1,0 +1,71 @@
+/* glue.h: the plumbing around the engine (src/engine.h): its lock, the
+ * threads that carry out its actions, and its one timer.
+ *
+ * Every engine call is made under eng_lock, and then, after the lock is
+ * dropped, glue_perform() carries out what the engine asked for:
+ * answering waiting workers, freeing released requests, and issuing
+ * runs.  Who issues a run depends on who got it: the nbdkit worker
+ * whose request unplugged issues one run itself (the kernel's submitter
+ * flushes its own plug; no hand-off for the common case), and hands the
+ * rest to the I/O pool (iopool.h), so that a slow backend pays its
+ * per-operation latency in parallel; a pool thread goes on with the
+ * runs its completion unblocked; the timer thread issues nothing
+ * itself.
+ *
+ * The timer: one libev loop, owned by one thread (loop.c), arms one
+ * ev_timer at engine_next_deadline().  Other threads only call
+ * ev_async_send, under eng_lock, when a call moved the deadline earlier
+ * than the armed one: a stream of requests that only pushes the idle
+ * deadline later costs no wake-up (libev's "method 3": the timer
+ * rereads the stored last activity when it fires).
+ */
+#ifndef NBDPLUG_GLUE_H
+#define NBDPLUG_GLUE_H
+
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+extern pthread_mutex_t eng_lock;
+extern struct engine *eng;      /* Owned: made in .get_ready, freed in
+                                 * .unload.  Protected by eng_lock. */
+
+/* A worker waiting for its request's answer: lives on its stack. */
+struct waiter {
+  sem_t done;
+  int err;
+};
+
+/* How many runs the caller of glue_perform issues itself. */
+#define GLUE_INLINE_NONE 0      /* The timer thread. */
+#define GLUE_INLINE_ONE 1       /* An nbdkit worker. */
+#define GLUE_INLINE_ALL UINT32_MAX      /* A pool thread. */
+
+/* After an engine call, with eng_lock held: wake the timer thread if the
+ * engine's next deadline moved earlier than the armed one.
+ */
+extern void glue_kick_timer_locked (void);
+
+/* Carry out a's actions (eng_lock not held).  Issues up to `inline_runs`
+ * runs in the calling thread, the rest in the pool (or all of them here
+ * when the pool is not running: at and after server exit).
+ */
+extern void glue_perform (struct eng_actions *a, uint32_t inline_runs);
+
+/* Issue run r now, in this thread, and hand its result to the engine;
+ * what that unblocks is performed with `inline_runs` as above.
+ */
+extern void glue_issue (struct eng_run *r, uint32_t inline_runs);
+
+/* Wait for w (EINTR-safe); returns w->err. */
+extern int glue_wait (struct waiter *w);
+
+/* The timer thread (loop.c).  Start after the fork; stop and join at
+ * exit.  Returns 0 or -1 after nbdkit_error.
+ */
+extern int timer_start (void);
+extern void timer_stop (void);
+
+#endif /* NBDPLUG_GLUE_H */
