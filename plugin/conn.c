@@ -156,10 +156,10 @@ worker_exit (void *vc)
 {
   struct conn *c = vc;
   pthread_t self = pthread_self ();
-  struct eng_actions a;
+  struct glue_actions a;
   size_t i;
 
-  eng_actions_init (&a);
+  glue_begin (&a);
   pthread_mutex_lock (&eng_lock);
   for (i = 0; i < c->nr_workers; ++i)
     if (pthread_equal (c->workers[i], self)) {
@@ -167,8 +167,8 @@ worker_exit (void *vc)
       break;
     }
   if (c->ec)
-    engine_conn_set_workers (eng, c->ec, c->nr_workers, now_ns (), &a);
-  glue_kick_timer_locked ();
+    engine_conn_set_workers (eng, c->ec, c->nr_workers, now_ns (), &a.eng);
+  glue_end_locked (&a);
   pthread_mutex_unlock (&eng_lock);
   glue_perform (&a, GLUE_INLINE_ONE);
 }
@@ -201,12 +201,12 @@ conn_delete_worker_key (void)
 static void
 note_worker (struct conn *c)
 {
-  struct eng_actions a;
+  struct glue_actions a;
   pthread_t *w;
 
   if (pthread_getspecific (worker_key) == c)
     return;
-  eng_actions_init (&a);
+  glue_begin (&a);
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
 
@@ -220,8 +220,8 @@ note_worker (struct conn *c)
       c->cap_workers = cap;
     }
     c->workers[c->nr_workers++] = pthread_self ();
-    engine_conn_set_workers (eng, c->ec, c->nr_workers, now_ns (), &a);
-    glue_kick_timer_locked ();
+    engine_conn_set_workers (eng, c->ec, c->nr_workers, now_ns (), &a.eng);
+    glue_end_locked (&a);
   }
   pthread_setspecific (worker_key, c);
   glue_perform (&a, GLUE_INLINE_ONE);
@@ -233,18 +233,18 @@ note_worker (struct conn *c)
 static int
 submit_wait (struct conn *c, struct request *r)
 {
-  struct eng_actions a;
+  struct glue_actions a;
   struct waiter w = { .err = 0 };
   bool acked;
   int ret;
 
   sem_init (&w.done, 0, 0);
   r->op.waiter = &w;
-  eng_actions_init (&a);
+  glue_begin (&a);
   pthread_mutex_lock (&eng_lock);
-  ret = engine_submit (eng, c ? c->ec : NULL, &r->op, now_ns (), &a);
+  ret = engine_submit (eng, c ? c->ec : NULL, &r->op, now_ns (), &a.eng);
   acked = r->op.acked;          /* r may be freed once we unlock. */
-  glue_kick_timer_locked ();
+  glue_end_locked (&a);
   pthread_mutex_unlock (&eng_lock);
   if (ret == -1) {
     int err = errno;
@@ -368,7 +368,7 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
                  const char *what)
 {
   CLEANUP_FREE bool *touched = NULL;
-  struct eng_actions a;
+  struct glue_actions a;
   struct waiter w = { .err = 0 };
   bool direct = false;
   size_t i;
@@ -391,11 +391,10 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   if (cfg.direct) {
     sem_init (&w.done, 0, 0);
     r->op.waiter = &w;
-    eng_actions_init (&a);
+    glue_begin (&a);
     pthread_mutex_lock (&eng_lock);
-    direct = engine_try_direct (eng, c->ec, &r->op, now_ns (), &a);
-    if (direct)
-      glue_kick_timer_locked ();
+    direct = engine_try_direct (eng, c->ec, &r->op, now_ns (), &a.eng);
+    glue_end_locked (&a);
     pthread_mutex_unlock (&eng_lock);
     if (direct) {
       glue_perform (&a, GLUE_INLINE_ONE);

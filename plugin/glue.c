@@ -28,39 +28,63 @@ glue_wait (struct waiter *w)
   return w->err;
 }
 
-/* Answer every op on the reply list, then free every released one.
- * After sem_post the waiter's stack frame may be gone: nothing of it is
- * touched again.
- */
-static void
-answer_and_release (struct eng_actions *a)
+void
+glue_begin (struct glue_actions *a)
 {
-  struct eng_op *op, *next;
-
-  for (op = a->reply; op != NULL; op = next) {
-    struct waiter *w = op->waiter;
-
-    next = op->reply_next;
-    if (w) {
-      w->err = op->err;
-      sem_post (&w->done);
-    }
-  }
-  for (op = a->release; op != NULL; op = next) {
-    next = op->release_next;
-    request_free (op);
-  }
+  eng_actions_init (&a->eng);
+  a->wake = NULL;
 }
 
 void
-glue_perform (struct eng_actions *a, uint32_t inline_runs)
+glue_end_locked (struct glue_actions *a)
+{
+  struct eng_op *op;
+
+  for (op = a->eng.reply; op != NULL; op = op->reply_next) {
+    struct waiter *w = op->waiter;
+
+    if (w) {
+      w->err = op->err;
+      w->next = a->wake;
+      a->wake = w;
+    }
+  }
+  a->eng.reply = NULL;
+  a->eng.reply_tail = &a->eng.reply;
+  glue_kick_timer_locked ();
+}
+
+/* Post every waiter, then free every released op.  Once posted, a
+ * waiter's stack frame may be gone: read its next first.
+ */
+static void
+answer_and_release (struct glue_actions *a)
+{
+  struct waiter *w, *wnext;
+  struct eng_op *op, *next;
+
+  for (w = a->wake; w != NULL; w = wnext) {
+    wnext = w->next;
+    sem_post (&w->done);
+  }
+  a->wake = NULL;
+  for (op = a->eng.release; op != NULL; op = next) {
+    next = op->release_next;
+    request_free (op);
+  }
+  a->eng.release = NULL;
+  a->eng.release_tail = &a->eng.release;
+}
+
+void
+glue_perform (struct glue_actions *a, uint32_t inline_runs)
 {
   for (;;) {
     struct eng_run *first, *r, *next;
     int err;
 
     answer_and_release (a);
-    first = a->issue;
+    first = a->eng.issue;
     if (first == NULL)
       return;
     for (r = first->issue_next; r != NULL; r = next) {
@@ -75,10 +99,10 @@ glue_perform (struct eng_actions *a, uint32_t inline_runs)
 
     err = backing_issue_run (&backings[first->run->backing], first->run) == 0
       ? 0 : errno;
-    eng_actions_init (a);
+    glue_begin (a);
     pthread_mutex_lock (&eng_lock);
-    engine_complete (eng, first, err, now_ns (), a);
-    glue_kick_timer_locked ();
+    engine_complete (eng, first, err, now_ns (), &a->eng);
+    glue_end_locked (a);
     pthread_mutex_unlock (&eng_lock);
   }
 }
@@ -86,11 +110,11 @@ glue_perform (struct eng_actions *a, uint32_t inline_runs)
 void
 glue_issue (struct eng_run *r, uint32_t inline_runs)
 {
-  struct eng_actions a;
+  struct glue_actions a;
 
-  eng_actions_init (&a);
-  a.issue = r;
+  glue_begin (&a);
+  a.eng.issue = r;
   r->issue_next = NULL;
-  a.issue_tail = &r->issue_next;
+  a.eng.issue_tail = &r->issue_next;
   glue_perform (&a, inline_runs == 0 ? 1 : inline_runs);
 }

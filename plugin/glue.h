@@ -32,10 +32,22 @@ extern pthread_mutex_t eng_lock;
 extern struct engine *eng;      /* Owned: made in .get_ready, freed in
                                  * .unload.  Protected by eng_lock. */
 
-/* A worker waiting for its request's answer: lives on its stack. */
+/* A worker waiting for its request's answer: lives on its stack until
+ * it is posted.
+ */
 struct waiter {
   sem_t done;
   int err;
+  struct waiter *next;          /* In a struct glue_actions' wake list. */
+};
+
+/* The engine's actions, with its answers already taken out of the ops
+ * (engine.h: an answered op may be freed by another thread as soon as
+ * the lock is dropped).
+ */
+struct glue_actions {
+  struct eng_actions eng;
+  struct waiter *wake;          /* Borrowed from their waiting workers. */
 };
 
 /* How many runs the caller of glue_perform issues itself. */
@@ -43,16 +55,23 @@ struct waiter {
 #define GLUE_INLINE_ONE 1       /* An nbdkit worker. */
 #define GLUE_INLINE_ALL UINT32_MAX      /* A pool thread. */
 
-/* After an engine call, with eng_lock held: wake the timer thread if the
- * engine's next deadline moved earlier than the armed one.
+/* Before an engine call: empty action lists. */
+extern void glue_begin (struct glue_actions *a);
+
+/* After an engine call, with eng_lock held: take the answers out of the
+ * ops, and wake the timer thread if the engine's next deadline moved
+ * earlier than the armed one.
  */
+extern void glue_end_locked (struct glue_actions *a);
+
+/* Wake the timer thread if needed (part of glue_end_locked). */
 extern void glue_kick_timer_locked (void);
 
 /* Carry out a's actions (eng_lock not held).  Issues up to `inline_runs`
  * runs in the calling thread, the rest in the pool (or all of them here
  * when the pool is not running: at and after server exit).
  */
-extern void glue_perform (struct eng_actions *a, uint32_t inline_runs);
+extern void glue_perform (struct glue_actions *a, uint32_t inline_runs);
 
 /* Issue run r now, in this thread, and hand its result to the engine;
  * what that unblocks is performed with `inline_runs` as above.

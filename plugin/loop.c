@@ -85,11 +85,12 @@ kick_cb (struct ev_loop *l, ev_async *w, int revents)
 static void
 timer_cb (struct ev_loop *l, ev_timer *w, int revents)
 {
-  struct eng_actions a;
+  struct glue_actions a;
 
-  eng_actions_init (&a);
+  glue_begin (&a);
   pthread_mutex_lock (&eng_lock);
-  engine_tick (eng, now_ns (), &a);
+  engine_tick (eng, now_ns (), &a.eng);
+  glue_end_locked (&a);
   rearm_locked ();
   pthread_mutex_unlock (&eng_lock);
   glue_perform (&a, GLUE_INLINE_NONE);

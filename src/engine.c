@@ -569,11 +569,16 @@ queue_dispatch (struct engine *e, uint32_t b, uint64_t now, bool force,
   if (f->state == FILE_STALLED && !force)
     return;
   f->state = FILE_RUNNING;
-  for (r = f->head;
-       r != NULL && f->inflight < e->cfg.max_inflight && f->nr_queued > 0;
-       r = r->qnext)
-    if (r->state == RUN_QUEUED && !run_blocked (f, r))
-      run_issue (f, r, out);
+  for (r = f->head; r != NULL && f->nr_queued > 0; r = r->qnext) {
+    if (r->state != RUN_QUEUED || run_blocked (f, r))
+      continue;
+    if (f->inflight >= e->cfg.max_inflight) {
+      /* A driver out of tags: the next completion dispatches again. */
+      STATS_ADD (r->conn->stats->no_slot, 1);
+      break;
+    }
+    run_issue (f, r, out);
+  }
 }
 
 static void

@@ -182,10 +182,13 @@ struct eng_run {
   struct eng_run *issue_next;           /* Action list. */
 };
 
-/* What the caller must do after dropping its lock, in this order:
- * issue every run in `issue` (and hand each back with engine_complete),
- * answer every op in `reply` with op->err, then free every op in
- * `release` (an op may be on both; answer first).
+/* What the caller must do after dropping its lock: issue every run in
+ * `issue` (and hand each back with engine_complete), answer every op in
+ * `reply` with op->err, and free every op in `release` (an op may be on
+ * both; answer first).  An op answered before it finished (a writer let
+ * in after waiting for memory) may be released by a later call, whose
+ * actions another thread may carry out first: read what an answer needs
+ * (op->waiter, op->err) from the reply list before dropping the lock.
  */
 struct eng_actions {
   struct eng_run *issue, **issue_tail;

@@ -44,6 +44,7 @@ stats_merge (struct plug_stats *into, const struct plug_stats *from)
   into->gave_up += from->gave_up;
   into->errors += from->errors;
   into->lost += from->lost;
+  into->no_slot += from->no_slot;
 }
 
 static void
@@ -88,9 +89,9 @@ stats_json (const struct plug_stats *s, const char *mode)
   fprintf (fp, "  \"retry\": { \"eagain\": %" PRIu64
            ", \"timer_fired\": %" PRIu64 ", \"restarted\": %" PRIu64
            ", \"gave_up\": %" PRIu64 ", \"errors\": %" PRIu64
-           ", \"lost\": %" PRIu64 " }\n}\n",
+           ", \"lost\": %" PRIu64 ", \"no_slot\": %" PRIu64 " }\n}\n",
            s->eagain, s->timer_fired, s->restarted, s->gave_up, s->errors,
-           s->lost);
+           s->lost, s->no_slot);
   if (fclose (fp) == EOF) {
     free (buf);
     return NULL;

@@ -48,6 +48,9 @@ struct plug_stats {
                                  * (blk-mq's SCHED_RESTART). */
   uint64_t gave_up;             /* Runs failed after retry-timeout. */
   uint64_t errors;              /* Backend operations that failed. */
+  uint64_t no_slot;             /* Dispatches that found every in-flight
+                                 * slot of a file taken (max-inflight=):
+                                 * the queue waited for a completion. */
   uint64_t lost;                /* Acknowledged writes (writeback) that
                                  * failed for good: each was logged and
                                  * made the next FLUSH fail. */

@@ -3,9 +3,11 @@
 # backend write fail with EAGAIN; retry-timeout=300ms.
 #  - hold mode: the write fails with EIO after about retry-timeout, and
 #    the server keeps serving (reads on that and another connection);
-#  - writeback mode: the write is acknowledged, the next FLUSH fails with
-#    EIO after about retry-timeout, the data stays held (not in the file,
-#    a second FLUSH fails too), and another connection still reads.
+#  - writeback mode (direct=never, so that the write is held): the write
+#    is acknowledged, the next FLUSH fails with EIO no sooner than
+#    retry-timeout, the write is counted lost (statistics) and released:
+#    not in the file, and the FLUSH after that succeeds (the error was
+#    reported once); another connection still reads.
 source ./functions.sh
 set -e
 set -x
@@ -44,23 +46,21 @@ h = nbd.NBD()
 h.connect_uri(uri)
 if mode == "hold":
     took = expect_eio("hold: write", lambda: h.pwrite(b"W" * K, 0))
-    if not timeout * 0.9 <= took <= timeout + 2:
+    if took < timeout * 0.9:
         sys.exit("hold: the write failed after %.3f s, retry-timeout is %s s"
                  % (took, timeout))
 else:
-    t = time.monotonic()
+    # Acknowledged (it would raise otherwise: every backend write fails).
     h.pwrite(b"W" * K, 0)
-    took = time.monotonic() - t
-    print("writeback: write acknowledged after %.3f s" % took)
-    if took > timeout / 2:
-        sys.exit("writeback: the write waited for the backend")
+    print("writeback: write acknowledged")
     took = expect_eio("writeback: flush", h.flush)
-    if not timeout * 0.9 <= took <= timeout + 2:
+    if took < timeout * 0.9:
         sys.exit("writeback: flush failed after %.3f s, retry-timeout is %s s"
                  % (took, timeout))
     if in_file(0, K) != b"O" * K:
         sys.exit("writeback: the failed write reached the file")
-    took = expect_eio("writeback: second flush", h.flush)
+    h.flush()
+    print("writeback: the next flush succeeded")
     if in_file(0, K) != b"O" * K:
         sys.exit("writeback: the failed write reached the file")
 
@@ -82,6 +82,7 @@ for mode in hold writeback; do
 open(sys.argv[1], "wb").write(b"O" * (1 << 20))' "$img"
   timeout 60 \
     nbdkit -U - -D plug.inject_eagain=1 "$PLUGIN" file="$img" mode=$mode \
+           direct=never \
            retry-timeout=300ms statsfile="$tmp/$mode.json" \
            --run "/usr/bin/python3 $tmp/client.py \"\$uri\" $img $mode"
   cat "$tmp/$mode.json"
@@ -94,6 +95,8 @@ if r["gave_up"] < 1:
 if st["backend"]["write"]["ops"] != 0:
     sys.exit("%s: backend.write.ops %d: a write got through"
              % (sys.argv[2], st["backend"]["write"]["ops"]))
+if sys.argv[2] == "writeback" and r["lost"] != 1:
+    sys.exit("writeback: retry.lost is %d, expected 1" % r["lost"])
 if st["connections"] != 2:
     sys.exit("%s: %d connections, expected 2" % (sys.argv[2], st["connections"]))
 EOF
