@@ -67,6 +67,10 @@ NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
  * the parallelism a plain file plugin has.
  */
 #define DEFAULT_IO_THREADS             16
+/* Requests at least this large are written at once (no copy): merging
+ * them saves little (see the man page for the measurement).
+ */
+#define DEFAULT_DIRECT_SIZE      (64 * 1024)
 /* blk-mq's BLK_MQ_RESOURCE_DELAY: rerun the queue 3 ms later. */
 #define DEFAULT_RETRY_DELAY_NS    3000000ULL
 #define DEFAULT_RETRY_MAX_DELAY_NS 100000000ULL  /* 100 ms */
@@ -85,6 +89,7 @@ struct config cfg = {
   .max_inflight = DEFAULT_MAX_INFLIGHT,
   .io_threads = DEFAULT_IO_THREADS,
   .direct = true,
+  .direct_min = DEFAULT_DIRECT_SIZE,
   .retry = {
     .delay_ns = DEFAULT_RETRY_DELAY_NS,
     .max_delay_ns = DEFAULT_RETRY_MAX_DELAY_NS,
@@ -332,6 +337,8 @@ plugin_config (const char *key, const char *value)
       return -1;
     }
   }
+  else if (strcmp (key, "direct-size") == 0)
+    return parse_size_param (key, value, &cfg.direct_min, 0, UINT32_MAX);
   else if (strcmp (key, "io-threads") == 0)
     return parse_count_param (key, value, &cfg.io_threads, 1, 1024);
   else if (strcmp (key, "retry-delay") == 0) {
@@ -407,6 +414,7 @@ make_engine (void)
     .lim = cfg.lim,
     .max_inflight = cfg.max_inflight,
     .direct = cfg.direct,
+    .direct_min = cfg.direct_min,
     .retry = cfg.retry,
     .log = engine_log,
     .debug_unplug = plug_debug_unplug,
@@ -499,6 +507,7 @@ plugin_dump_plugin (void)
   printf ("plug_max_inflight_default=%d\n", DEFAULT_MAX_INFLIGHT);
   printf ("plug_io_threads_default=%d\n", DEFAULT_IO_THREADS);
   printf ("plug_direct_default=auto\n");
+  printf ("plug_direct_size_default=%d\n", DEFAULT_DIRECT_SIZE);
   printf ("plug_retry_delay_default=3ms\n");
   printf ("plug_retry_max_delay_default=100ms\n");
   printf ("plug_retry_timeout_default=10s\n");
@@ -722,6 +731,7 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   "max-inflight=N          Backend I/Os in flight per file, all connections (64).\n" \
   "io-threads=N            Threads issuing backend I/O, all connections (16).\n" \
   "direct=auto|never       Write what cannot merge at once, unplugged (auto).\n" \
+  "direct-size=SIZE        With direct=auto, also requests this large (64k; 0: off).\n" \
   "retry-delay=DURATION    First retry after EAGAIN/ENOMEM (3ms).\n" \
   "retry-max-delay=DURATION Backoff cap (100ms).\n" \
   "retry-timeout=DURATION  Give up with EIO after this long (10s).\n" \

@@ -32,6 +32,8 @@ struct config {
   unsigned io_threads;          /* Threads issuing runs (iopool). */
   bool direct;                  /* direct=auto: unmergeable requests skip
                                  * the plug (conn.c, direct path). */
+  uint64_t direct_min;          /* direct-size=: so do requests this
+                                 * large. */
   struct retry_policy retry;
   const char *statsfile;        /* Owned (nbdkit_realpath-like copy). */
 };

@@ -137,6 +137,7 @@ struct engine {
   uint64_t bytes;
   uint64_t lost;
   size_t run_prefix;
+  uint64_t mem_bound;           /* Copied bytes per connection. */
 };
 
 static void conn_unplug (struct engine *e, struct eng_conn *c,
@@ -305,6 +306,11 @@ engine_new (const struct eng_config *cfg)
   e->run_prefix = (sizeof (struct eng_run) + _Alignof (max_align_t) - 1) /
     _Alignof (max_align_t) * _Alignof (max_align_t);
   e->cfg.lim.run_prefix = e->run_prefix;
+  /* The memory bound stays cfg->lim.max_bytes (over_memory); the plug
+   * goes out at half of it (BLK_PLUG_FLUSH_SIZE's role).
+   */
+  e->mem_bound = cfg->lim.max_bytes;
+  e->cfg.lim.max_bytes = MAX (cfg->lim.max_bytes / 2, (uint64_t) 1);
   e->next_seq = 1;
   e->next_batch = 1;
   return e;
@@ -766,7 +772,7 @@ over_memory (const struct engine *e, const struct eng_conn *c,
 {
   if (c->nr_told_ok >= ACKED_PER_MAX_REQUEST * e->cfg.lim.max_requests)
     return true;
-  return c->bytes > 0 && c->bytes + op->bytes > e->cfg.lim.max_bytes;
+  return c->bytes > 0 && c->bytes + op->bytes > e->mem_bound;
 }
 
 /* Let in the writers waiting for memory that fit now, oldest first. */
@@ -906,6 +912,8 @@ engine_try_direct (struct engine *e, struct eng_conn *c, struct eng_op *op,
   assert (op->kind == ENG_WRITE || op->kind == ENG_ZERO ||
           op->kind == ENG_TRIM);
   near = near_recent (e, c, op->offset, op->count);
+  if (e->cfg.direct_min > 0 && op->count >= e->cfg.direct_min)
+    near = false;
   if (!e->cfg.direct || near || (op->flags & ENG_F_FAST) ||
       e->state != ENGINE_RUNNING || c->state != CONN_OPEN ||
       c->mem_wait.head != NULL || op->nr_pieces == 0)

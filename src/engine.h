@@ -93,11 +93,18 @@ struct eng_config {
   uint64_t idle_ns;             /* Unplug when no request came for this
                                  * long; 0: at once. */
   uint64_t max_delay_ns;        /* Unplug when the oldest is this old. */
-  struct plug_limits lim;       /* max_requests, max_bytes (per
-                                 * connection: also the memory bound),
-                                 * max_merge, max_iov. */
+  struct plug_limits lim;       /* max_requests, max_bytes, max_merge,
+                                 * max_iov.  max_bytes is the memory
+                                 * bound of a connection's copies; its
+                                 * plug unplugs at half of it, so that
+                                 * one batch is written while the next
+                                 * one fills. */
   unsigned max_inflight;        /* Runs in flight per backing file. */
   bool direct;                  /* Write what cannot merge at once. */
+  uint64_t direct_min;          /* With direct: a request this large is
+                                 * an efficient I/O by itself and is
+                                 * written at once too (no copy).  0:
+                                 * only by the nearness rule. */
   struct retry_policy retry;
 
   /* Called with the caller's lock held, so it must be cheap (the engine
