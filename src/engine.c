@@ -62,6 +62,7 @@ enum file_state {
 struct eng_file {
   struct eng_run *head, *tail;  /* Unfinished runs, creation order. */
   unsigned inflight;
+  unsigned max_inflight;
   uint64_t nr_queued;
   enum file_state state;
   uint64_t delay_until;
@@ -283,6 +284,7 @@ struct engine *
 engine_new (const struct eng_config *cfg)
 {
   struct engine *e;
+  uint32_t b;
 
   if (cfg->nr_backings == 0 || cfg->max_inflight == 0 ||
       cfg->lim.max_requests == 0 || cfg->lim.max_bytes == 0 ||
@@ -311,9 +313,18 @@ engine_new (const struct eng_config *cfg)
    */
   e->mem_bound = cfg->lim.max_bytes;
   e->cfg.lim.max_bytes = MAX (cfg->lim.max_bytes / 2, (uint64_t) 1);
+  for (b = 0; b < cfg->nr_backings; ++b)
+    e->files[b].max_inflight = cfg->max_inflight;
   e->next_seq = 1;
   e->next_batch = 1;
   return e;
+}
+
+void
+engine_set_max_inflight (struct engine *e, uint32_t b, unsigned n)
+{
+  assert (b < e->cfg.nr_backings && n > 0);
+  e->files[b].max_inflight = n;
 }
 
 static void
@@ -578,7 +589,7 @@ queue_dispatch (struct engine *e, uint32_t b, uint64_t now, bool force,
   for (r = f->head; r != NULL && f->nr_queued > 0; r = r->qnext) {
     if (r->state != RUN_QUEUED || run_blocked (f, r))
       continue;
-    if (f->inflight >= e->cfg.max_inflight) {
+    if (f->inflight >= f->max_inflight) {
       /* A driver out of tags: the next completion dispatches again. */
       STATS_ADD (r->conn->stats->no_slot, 1);
       break;
@@ -815,7 +826,7 @@ can_issue_now (struct engine *e, const struct eng_op *op)
     const struct eng_file *f = &e->files[p->backing];
 
     if (f->state != FILE_RUNNING ||
-        f->inflight + op->nr_pieces > e->cfg.max_inflight ||
+        f->inflight + op->nr_pieces > f->max_inflight ||
         held_anywhere (e, p) ||
         queue_overlaps (e, p->backing, p->offset, p->count, UINT64_MAX))
       return false;

@@ -224,6 +224,14 @@ extern struct engine *engine_new (const struct eng_config *cfg)
  */
 extern void engine_free (struct engine *e);
 
+/* Backing file b takes at most n runs in flight (n > 0), instead of
+ * cfg.max_inflight: a remote export's queue depth, for instance.
+ * Context: before the first connection.
+ */
+extern void engine_set_max_inflight (struct engine *e, uint32_t b,
+                                     unsigned n)
+  __attribute__ ((__nonnull__ (1)));
+
 /* A new connection; its statistics are counted into *stats (borrowed:
  * must outlive the connection).  Returns NULL with errno (ENOMEM, or
  * ESHUTDOWN after engine_submit of ENG_SHUTDOWN).
