@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -26,9 +27,33 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include <libnbd.h>
+
 #include "backing.h"
 #include "minmax.h"
 #include "plugin.h"
+#include "remote.h"
+
+static int
+remote_backing_open (struct backing *b, const char *uri)
+{
+  struct remote_config rc = {
+    .max_conns = cfg.remote_connections,
+    .retry = cfg.retry,
+  };
+  const struct remote_info *i;
+
+  b->remote = remote_open (uri, &rc);
+  if (b->remote == NULL)
+    return -1;
+  i = remote_info (b->remote);
+  b->name = uri;
+  b->size = i->size;
+  b->readonly = i->readonly;
+  b->min_block = i->min_block;
+  b->fua_native = i->can_fua;
+  return 0;
+}
 
 int
 backing_open (struct backing *b, const char *name)
@@ -39,6 +64,9 @@ backing_open (struct backing *b, const char *name)
 
   memset (b, 0, sizeof *b);
   b->fd = -1;
+  b->min_block = 1;
+  if (remote_is_uri (name))
+    return remote_backing_open (b, name);
   fd = open (name, O_RDWR | O_CLOEXEC);
   if (fd == -1 && (errno == EACCES || errno == EROFS || errno == EPERM)) {
     fd = open (name, O_RDONLY | O_CLOEXEC);
@@ -94,6 +122,8 @@ backing_open (struct backing *b, const char *name)
 void
 backing_close (struct backing *b)
 {
+  remote_close (b->remote);
+  b->remote = NULL;
   if (b->fd >= 0)
     close (b->fd);
   b->fd = -1;
@@ -302,6 +332,14 @@ backing_pread (struct backing *b, void *buf, uint64_t count, uint64_t offset)
 {
   char *p = buf;
 
+  if (b->remote) {
+    struct remote_wait w;
+
+    remote_wait_init (&w);
+    remote_start_pread (b->remote, &w, buf, count, offset);
+    return remote_wait (&w);
+  }
+
   while (count > 0) {
     ssize_t r = pread (b->fd, p, count, offset);
 
@@ -327,13 +365,29 @@ backing_sync (struct backing *b)
 {
   if (b->readonly)
     return 0;
+  if (b->remote) {
+    struct remote_wait w;
+
+    remote_wait_init (&w);
+    remote_start_flush (b->remote, &w);
+    return remote_wait (&w);
+  }
   return fdatasync (b->fd);
 }
 
 int
 backing_cache (struct backing *b, uint64_t count, uint64_t offset)
 {
-  int r = posix_fadvise (b->fd, offset, count, POSIX_FADV_WILLNEED);
+  int r;
+
+  if (b->remote) {
+    struct remote_wait w;
+
+    remote_wait_init (&w);
+    remote_start_cache (b->remote, &w, count, offset);
+    return remote_wait (&w);
+  }
+  r = posix_fadvise (b->fd, offset, count, POSIX_FADV_WILLNEED);
 
   if (r != 0) {
     errno = r;
@@ -348,6 +402,15 @@ backing_extent (struct backing *b, uint64_t offset, uint64_t count,
 {
   off_t data, next;
 
+  if (b->remote) {
+    struct remote_extent e;
+
+    if (remote_extents (b->remote, offset, count, &e, 1) == -1)
+      return -1;
+    *hole = e.flags & LIBNBD_STATE_HOLE;
+    *len = e.length;
+    return 0;
+  }
   if (b->is_block) {
     *hole = false;
     *len = count;
@@ -380,4 +443,22 @@ backing_extent (struct backing *b, uint64_t offset, uint64_t count,
   if (*len == 0)
     *len = count;
   return 0;
+}
+
+bool
+backing_aligned (const struct backing *b, const char *what,
+                 uint64_t offset, uint64_t count)
+{
+  if (b->min_block <= 1 ||
+      (offset % b->min_block == 0 && count % b->min_block == 0))
+    return true;
+  /* Never below the server's minimum (NBD: it MAY fail such requests
+   * or worse): refuse, naming whose rule it is.
+   */
+  nbdkit_error ("file=%s: %s of %" PRIu64 " bytes at offset %" PRIu64
+                " is not aligned to the NBD server's minimum block size "
+                "%" PRIu32 " (the export advertises it as its minimum)",
+                b->name, what, count, offset, b->min_block);
+  errno = EINVAL;
+  return false;
 }

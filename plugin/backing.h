@@ -1,8 +1,11 @@
-/* backing.h: one backing file (regular file or block device).
+/* backing.h: one backing file: a regular file or block device, or an
+ * NBD export on a server (file=nbd://..., remote.h).
  *
  * The backing files are global: I/O pool threads and nbdkit workers
- * write them, workers read them.  pread/pwrite on one fd are safe from
- * many threads.  In-flight slots (max-inflight=) are counted by the
+ * write local files, workers read them.  pread/pwrite on one fd are
+ * safe from many threads.  A remote backing is never written by those
+ * threads: glue.c queues its runs to its remote's loop.  In-flight
+ * slots (max-inflight=, remote-queue-depth=) are counted by the
  * engine, which owns every dispatch decision.
  */
 #ifndef NBDPLUG_BACKING_H
@@ -14,10 +17,19 @@
 
 #include "plug.h"
 
+struct remote;
+
 struct backing {
   /* Read-only after plugin_get_ready. */
   const char *name;             /* Owned by nbdkit (config string) or
                                  * nbdkit_realpath result: freed at unload. */
+  struct remote *remote;        /* Owned: an NBD export, or NULL for a
+                                 * local file. */
+  uint32_t min_block;           /* Requests must be multiples of this
+                                 * (a remote's minimum block size; 1). */
+  bool fua_native;              /* A remote with FUA: a FUA write is sent
+                                 * with NBD's FUA flag, not followed by a
+                                 * FLUSH. */
   int fd;
   uint64_t size;
   bool is_block;                /* Block device (BLKZEROOUT etc.). */
@@ -32,7 +44,9 @@ struct backing {
 };
 
 /* Open the file (O_RDWR, or O_RDONLY if it cannot be written) and find
- * its size.  Returns 0, or -1 after nbdkit_error naming the file.
+ * its size; or connect to the NBD URI (remote_is_uri) and learn what
+ * the server advertises.  Returns 0, or -1 after nbdkit_error naming
+ * the file or URI.
  */
 extern int backing_open (struct backing *b, const char *name);
 extern void backing_close (struct backing *b);
@@ -45,7 +59,9 @@ extern void backing_close (struct backing *b);
  */
 extern int backing_issue_run (struct backing *b, const struct plug_run *run);
 
-/* Worker-side operations (no slots: reads never sit in a plug). */
+/* Worker-side operations (no slots: reads never sit in a plug).  On a
+ * remote they are one round trip each (aio, waiting for the answer).
+ */
 extern int backing_pread (struct backing *b, void *buf, uint64_t count,
                           uint64_t offset);
 extern int backing_sync (struct backing *b);
@@ -57,5 +73,12 @@ extern int backing_cache (struct backing *b, uint64_t count,
  */
 extern int backing_extent (struct backing *b, uint64_t offset,
                            uint64_t count, uint64_t *len, bool *hole);
+
+/* Is [offset, offset+count) of b aligned to what b accepts (a remote's
+ * minimum block size)?  If not: nbdkit_error naming the file and the
+ * operation, errno EINVAL, false.
+ */
+extern bool backing_aligned (const struct backing *b, const char *what,
+                             uint64_t offset, uint64_t count);
 
 #endif /* NBDPLUG_BACKING_H */

@@ -25,6 +25,7 @@
 #include "glue.h"
 #include "layout.h"
 #include "plugin.h"
+#include "remote.h"
 
 static uint64_t next_conn_id;
 
@@ -121,6 +122,17 @@ request_new (enum eng_kind kind, uint64_t offset, uint64_t count,
     layout_iter_init (&it, &layout, offset, count);
   while (i < n && layout_iter_next (&it, &piece)) {
     struct plug_req *p = &r->pieces[i++];
+
+    /* Reads are checked by conn_pread; a barrier for block status may
+     * be misaligned (that answer is "data" then).
+     */
+    if (kind <= ENG_TRIM &&
+        !backing_aligned (&backings[piece.backing], kind == ENG_WRITE ?
+                          "write" : kind == ENG_ZERO ? "zero" : "trim",
+                          piece.offset, piece.count)) {
+      free (r);
+      return NULL;
+    }
 
     p->op = kind <= ENG_TRIM ? (enum plug_op) kind : PLUG_OP_WRITE;
     p->flags = pflags;
@@ -324,23 +336,41 @@ conn_close (struct conn *c)
   free (c);
 }
 
-/* fdatasync the backing files marked in `which` (all if NULL). */
+/* fdatasync the backing files marked in `which` (all if NULL), and
+ * NBD_CMD_FLUSH the remote ones, all remotes at once (one round trip,
+ * not one per server) while the local files sync.
+ */
 static int
 sync_backings (struct plug_stats *stats, const bool *which)
 {
+  struct remote_wait w;
   size_t b;
+  int ret = 0;
 
+  remote_wait_init (&w);
   for (b = 0; b < nr_backings; ++b) {
-    if (which && !which[b])
+    if ((which && !which[b]) || backings[b].remote == NULL)
       continue;
     if (stats)
       stats_count (&stats->backend[STATS_B_SYNC], 0);
-    if (backing_sync (&backings[b]) == -1) {
+    if (!backings[b].readonly)
+      remote_start_flush (backings[b].remote, &w);
+  }
+  for (b = 0; b < nr_backings; ++b) {
+    if ((which && !which[b]) || backings[b].remote)
+      continue;
+    if (stats)
+      stats_count (&stats->backend[STATS_B_SYNC], 0);
+    if (backing_sync (&backings[b]) == -1 && ret == 0) {
       nbdkit_error ("file=%s: fdatasync: %m", backings[b].name);
-      return -1;
+      ret = -1;
     }
   }
-  return 0;
+  if (remote_wait (&w) == -1 && ret == 0) {
+    nbdkit_error ("flush of an NBD backing file: %m");
+    ret = -1;
+  }
+  return ret;
 }
 
 void
@@ -383,8 +413,13 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
       request_free (&r->op);
       return -1;
     }
+    /* A server with FUA gets the flag on the command itself
+     * (remote.c): no FLUSH after it.  Elsewhere FUA is a sync (or an
+     * NBD FLUSH) of the file once written.
+     */
     for (i = 0; i < r->op.nr_pieces; ++i)
-      touched[r->pieces[i].backing] = true;
+      if (!backings[r->pieces[i].backing].fua_native)
+        touched[r->pieces[i].backing] = true;
   }
   request_set_data (r, data, NULL);
 
@@ -531,6 +566,8 @@ conn_pread (struct conn *c, void *buf, uint32_t count, uint64_t offset)
 {
   struct layout_iter it;
   struct layout_piece p;
+  struct remote_wait w;
+  int ret = 0;
 
   stats_count (&c->stats.client[STATS_C_READ], count);
   if (layout_iter_init (&it, &layout, offset, count) == -1) {
@@ -539,18 +576,44 @@ conn_pread (struct conn *c, void *buf, uint32_t count, uint64_t offset)
     errno = EINVAL;
     return -1;
   }
+  while (layout_iter_next (&it, &p))
+    if (!backing_aligned (&backings[p.backing], "read", p.offset, p.count))
+      return -1;
+  layout_iter_init (&it, &layout, offset, count);
   /* A read never returns stale data: wait for any held or in-flight
    * mutation, of any connection, acknowledged before it.
    */
   if (conn_barrier (c, offset, count) == -1)
     return -1;
+  /* The remote pieces are all sent first, then the local ones read
+   * while the servers answer.
+   */
+  remote_wait_init (&w);
   while (layout_iter_next (&it, &p)) {
+    struct backing *b = &backings[p.backing];
+
+    if (b->remote == NULL)
+      continue;
     stats_count (&c->stats.backend[STATS_B_READ], p.count);
-    if (backing_pread (&backings[p.backing], (char *) buf + p.buf_offset,
-                       p.count, p.offset) == -1) {
-      nbdkit_error ("file=%s: pread: %m", backings[p.backing].name);
-      return -1;
+    remote_start_pread (b->remote, &w, (char *) buf + p.buf_offset,
+                        p.count, p.offset);
+  }
+  layout_iter_init (&it, &layout, offset, count);
+  while (layout_iter_next (&it, &p)) {
+    struct backing *b = &backings[p.backing];
+
+    if (b->remote)
+      continue;
+    stats_count (&c->stats.backend[STATS_B_READ], p.count);
+    if (backing_pread (b, (char *) buf + p.buf_offset,
+                       p.count, p.offset) == -1 && ret == 0) {
+      nbdkit_error ("file=%s: pread: %m", b->name);
+      ret = -1;
     }
   }
-  return 0;
+  if (remote_wait (&w) == -1 && ret == 0) {
+    nbdkit_error ("pread from an NBD backing file: %m");
+    ret = -1;
+  }
+  return ret;
 }

@@ -16,6 +16,7 @@
 #include "glue.h"
 #include "iopool.h"
 #include "plugin.h"
+#include "remote.h"
 
 pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
 struct engine *eng;
@@ -76,35 +77,79 @@ answer_and_release (struct glue_actions *a)
   a->eng.release_tail = &a->eng.release;
 }
 
+/* Hand run r's result to the engine; what that unblocks joins a. */
+static void
+complete_into (struct glue_actions *a, struct eng_run *r, int err)
+{
+  pthread_mutex_lock (&eng_lock);
+  engine_complete (eng, r, err, now_ns (), &a->eng);
+  glue_end_locked (a);
+  pthread_mutex_unlock (&eng_lock);
+}
+
 void
 glue_perform (struct glue_actions *a, uint32_t inline_runs)
 {
   for (;;) {
-    struct eng_run *first, *r, *next;
+    struct eng_run *list, *r, *next, *mine = NULL;
     int err;
 
     answer_and_release (a);
-    first = a->eng.issue;
-    if (first == NULL)
+    list = a->eng.issue;
+    if (list == NULL)
       return;
-    for (r = first->issue_next; r != NULL; r = next) {
+    a->eng.issue = NULL;
+    a->eng.issue_tail = &a->eng.issue;
+    for (r = list; r != NULL; r = next) {
+      struct remote *rem = backings[r->run->backing].remote;
+
       next = r->issue_next;
-      if (!iopool_submit (r))
+      if (rem) {
+        /* Asynchronous: the remote's loop hands it back.  Done at once
+         * (a trim the server cannot do, no connection, no memory):
+         * its result goes to the engine now.
+         */
+        if (!remote_submit (rem, r, &err))
+          complete_into (a, r, err);
+        continue;
+      }
+      if (mine == NULL && inline_runs > 0) {
+        mine = r;
+        continue;
+      }
+      if (iopool_submit (r))
+        continue;
+      /* The pool is not running (server exit): issue here. */
+      if (mine == NULL)
+        mine = r;
+      else
         glue_issue (r, GLUE_INLINE_ALL);
     }
-    if (inline_runs == 0 && iopool_submit (first))
-      return;
+    if (mine == NULL)
+      continue;
     if (inline_runs > 0 && inline_runs != GLUE_INLINE_ALL)
       inline_runs--;
 
-    err = backing_issue_run (&backings[first->run->backing], first->run) == 0
+    err = backing_issue_run (&backings[mine->run->backing], mine->run) == 0
       ? 0 : errno;
-    glue_begin (a);
-    pthread_mutex_lock (&eng_lock);
-    engine_complete (eng, first, err, now_ns (), &a->eng);
-    glue_end_locked (a);
-    pthread_mutex_unlock (&eng_lock);
+    complete_into (a, mine, err);
   }
+}
+
+void
+glue_runs_done (struct eng_run *const *runs, const int *errs, size_t n)
+{
+  struct glue_actions a;
+  uint64_t now = now_ns ();
+  size_t i;
+
+  glue_begin (&a);
+  pthread_mutex_lock (&eng_lock);
+  for (i = 0; i < n; ++i)
+    engine_complete (eng, runs[i], errs[i], now, &a.eng);
+  glue_end_locked (&a);
+  pthread_mutex_unlock (&eng_lock);
+  glue_perform (&a, GLUE_INLINE_NONE);
 }
 
 void

@@ -12,6 +12,13 @@
  * runs its completion unblocked; the timer thread issues nothing
  * itself.
  *
+ * A run for a remote backing (file=nbd://...) is never issued by the
+ * thread that got it: it is queued to its remote's loop (remote.h),
+ * which has many commands in flight at once, and that loop hands it
+ * back with glue_runs_done when the server answered.  A remote loop
+ * must never block: what a completion unblocks goes to the pool (local
+ * files) or back to a remote loop (remote files).
+ *
  * The timer: one libev loop, owned by one thread (loop.c), arms one
  * ev_timer at engine_next_deadline().  Other threads only call
  * ev_async_send, under eng_lock, when a call moved the deadline earlier
@@ -24,6 +31,7 @@
 
 #include <pthread.h>
 #include <semaphore.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "engine.h"
@@ -51,7 +59,7 @@ struct glue_actions {
 };
 
 /* How many runs the caller of glue_perform issues itself. */
-#define GLUE_INLINE_NONE 0      /* The timer thread. */
+#define GLUE_INLINE_NONE 0      /* The timer thread, a remote's loop. */
 #define GLUE_INLINE_ONE 1       /* An nbdkit worker. */
 #define GLUE_INLINE_ALL UINT32_MAX      /* A pool thread. */
 
@@ -77,6 +85,14 @@ extern void glue_perform (struct glue_actions *a, uint32_t inline_runs);
  * what that unblocks is performed with `inline_runs` as above.
  */
 extern void glue_issue (struct eng_run *r, uint32_t inline_runs);
+
+/* Runs a remote's loop thread got answers for: hand each back to the
+ * engine with its result (0 or an errno: EAGAIN/ENOMEM are "not now")
+ * under one eng_lock acquisition, and carry out what that unblocks
+ * without blocking this thread (GLUE_INLINE_NONE).
+ */
+extern void glue_runs_done (struct eng_run *const *runs, const int *errs,
+                            size_t n);
 
 /* Wait for w (EINTR-safe); returns w->err. */
 extern int glue_wait (struct waiter *w);

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <ev.h>
+#include <libnbd.h>
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
@@ -33,6 +34,7 @@
 #include "minmax.h"
 #include "parse.h"
 #include "plugin.h"
+#include "remote.h"
 #include "vector.h"
 
 /* -D plug.stats=1: log each connection's statistics at close. */
@@ -75,6 +77,12 @@ NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
 #define DEFAULT_RETRY_DELAY_NS    3000000ULL
 #define DEFAULT_RETRY_MAX_DELAY_NS 100000000ULL  /* 100 ms */
 #define DEFAULT_RETRY_TIMEOUT_NS  10000000000ULL /* 10 s */
+/* NBD backing files (file=nbd://...): handles per server where it
+ * advertises multi-conn, and runs in flight per server.  Both are
+ * explained in the man page with their measurements.
+ */
+#define DEFAULT_REMOTE_CONNECTIONS      4
+#define DEFAULT_REMOTE_QUEUE_DEPTH     16
 
 struct config cfg = {
   .mode = MODE_WRITEBACK,
@@ -95,13 +103,16 @@ struct config cfg = {
     .max_delay_ns = DEFAULT_RETRY_MAX_DELAY_NS,
     .timeout_ns = DEFAULT_RETRY_TIMEOUT_NS,
   },
+  .remote_connections = DEFAULT_REMOTE_CONNECTIONS,
+  .remote_queue_depth = DEFAULT_REMOTE_QUEUE_DEPTH,
 };
 struct layout layout;
 struct backing *backings;
 size_t nr_backings;
 
 DEFINE_VECTOR_TYPE (string_vector, char *)
-static string_vector files = empty_vector;   /* Owned: realpath copies. */
+static string_vector files = empty_vector;   /* Owned: realpath copies,
+                                              * or NBD URIs as given. */
 static uint64_t stripe;
 static char *statsfile;                      /* Owned. */
 
@@ -177,12 +188,17 @@ static void
 plugin_cleanup (void)
 {
   struct plug_stats live = { 0 };
+  size_t i;
 
   if (eng == NULL)
     return;
   conns_shutdown (&live);
   iopool_stop ();
   timer_stop ();
+  /* Last: a completion may still hand runs to the pool until here. */
+  for (i = 0; i < nr_backings; ++i)
+    if (backings[i].remote)
+      remote_stop (backings[i].remote);
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&stats_lock);
   if (live.connections > 0) {
     struct plug_stats saved = stats_total;
@@ -272,11 +288,17 @@ static int
 plugin_config (const char *key, const char *value)
 {
   if (strcmp (key, "file") == 0) {
-    /* Absolute now: nbdkit changes directory to / when it forks. */
-    char *path = nbdkit_realpath (value);
+    /* Absolute now: nbdkit changes directory to / when it forks.  An
+     * NBD URI is libnbd's to parse, not a path.
+     */
+    char *path = remote_is_uri (value) ? strdup (value)
+      : nbdkit_realpath (value);
 
-    if (path == NULL)
+    if (path == NULL) {
+      if (remote_is_uri (value))
+        nbdkit_error ("strdup: %m");
       return -1;
+    }
     if (string_vector_append (&files, path) == -1) {
       nbdkit_error ("realloc: %m");
       free (path);
@@ -341,6 +363,12 @@ plugin_config (const char *key, const char *value)
     return parse_size_param (key, value, &cfg.direct_min, 0, UINT32_MAX);
   else if (strcmp (key, "io-threads") == 0)
     return parse_count_param (key, value, &cfg.io_threads, 1, 1024);
+  else if (strcmp (key, "remote-connections") == 0)
+    return parse_count_param (key, value, &cfg.remote_connections,
+                              1, REMOTE_MAX_CONNS);
+  else if (strcmp (key, "remote-queue-depth") == 0)
+    return parse_count_param (key, value, &cfg.remote_queue_depth,
+                              1, 1 << 16);
   else if (strcmp (key, "retry-delay") == 0) {
     if (parse_duration_param (key, value, &cfg.retry.delay_ns) == -1)
       return -1;
@@ -420,10 +448,60 @@ make_engine (void)
     .debug_unplug = plug_debug_unplug,
   };
 
+  size_t i;
+
   eng = engine_new (&ec);
   if (eng == NULL) {
     nbdkit_error ("engine: %m");
     return -1;
+  }
+  /* A server's queue, not a file's: remote-queue-depth= runs in flight
+   * per NBD URI; the rest wait in the engine's queue, where they can
+   * still merge with what comes after them.
+   */
+  for (i = 0; i < nr_backings; ++i)
+    if (backings[i].remote)
+      engine_set_max_inflight (eng, i, cfg.remote_queue_depth);
+  return 0;
+}
+
+/* The largest minimum block size of the NBD servers: the export's. */
+static uint32_t
+export_min_block (void)
+{
+  uint32_t m = 1;
+  size_t i;
+
+  for (i = 0; i < nr_backings; ++i)
+    m = MAX (m, backings[i].min_block);
+  return m;
+}
+
+/* A client that obeys the export's minimum block size must never make
+ * a misaligned request to a server: each server's data must start on a
+ * multiple of that minimum (concatenated) or the stripe must be one.
+ * Refuse such a layout now rather than each request later.
+ */
+static int
+check_alignment (void)
+{
+  uint32_t m = export_min_block ();
+  size_t i;
+
+  if (m <= 1)
+    return 0;
+  for (i = 0; i < nr_backings; ++i) {
+    uint64_t start = layout.starts ? layout.starts[i] : 0;
+
+    if (layout.stripe % m != 0 || start % m != 0) {
+      nbdkit_error ("file=%s: %s %" PRIu64 " is not a multiple of the "
+                    "minimum block size %" PRIu32 " that an NBD server "
+                    "of this export requires",
+                    backings[i].name,
+                    layout.stripe ? "stripe" : "its offset in the export",
+                    layout.stripe ? layout.stripe : start, m);
+      return -1;
+    }
   }
   return 0;
 }
@@ -483,15 +561,24 @@ plugin_get_ready (void)
       nbdkit_error ("%s", layout_strerror (why));
     return -1;
   }
+  if (check_alignment () == -1)
+    return -1;
   return make_engine ();
 }
 
-/* Threads only now: nbdkit may have forked since .get_ready. */
+/* Threads only now: nbdkit may have forked since .get_ready (the
+ * remotes' handles were connected there; their loops start here).
+ */
 static int
 plugin_after_fork (void)
 {
+  size_t i;
+
   if (iopool_start (cfg.io_threads) == -1 || timer_start () == -1)
     return -1;
+  for (i = 0; i < nr_backings; ++i)
+    if (backings[i].remote && remote_start (backings[i].remote) == -1)
+      return -1;
   return 0;
 }
 
@@ -511,7 +598,20 @@ plugin_dump_plugin (void)
   printf ("plug_retry_delay_default=3ms\n");
   printf ("plug_retry_max_delay_default=100ms\n");
   printf ("plug_retry_timeout_default=10s\n");
+  printf ("plug_remote_connections_default=%d\n",
+          DEFAULT_REMOTE_CONNECTIONS);
+  printf ("plug_remote_queue_depth_default=%d\n",
+          DEFAULT_REMOTE_QUEUE_DEPTH);
   printf ("plug_libev=%d.%d\n", ev_version_major (), ev_version_minor ());
+  {
+    struct nbd_handle *h = nbd_create ();
+
+    if (h) {
+      printf ("plug_libnbd=%s\n", nbd_get_version (h));
+      printf ("plug_remote_tls=%s\n", nbd_supports_tls (h) ? "yes" : "no");
+      nbd_close (h);
+    }
+  }
 }
 
 static void *
@@ -549,10 +649,20 @@ plugin_can_flush (void *handle)
   return 1;
 }
 
+/* A trim is advisory: a server without it keeps its data (remote.c).
+ * Only when no backing at all can trim is there no point in clients
+ * sending it.
+ */
 static int
 plugin_can_trim (void *handle)
 {
-  return 1;
+  size_t i;
+
+  for (i = 0; i < nr_backings; ++i)
+    if (backings[i].remote == NULL ||
+        remote_info (backings[i].remote)->can_trim)
+      return 1;
+  return 0;
 }
 
 static int
@@ -609,13 +719,23 @@ static int
 plugin_block_size (void *handle,
                    uint32_t *minimum, uint32_t *preferred, uint32_t *maximum)
 {
-  /* Any alignment works (we never read-modify-write); 4 KiB is where
-   * page-cache backed files are efficient; 32 MiB is the NBD spec's
-   * portable maximum payload.
+  size_t i;
+
+  /* Local files take any alignment (we never read-modify-write); an NBD
+   * server may require a minimum, which the export then requires too
+   * (requests below it are refused with EINVAL).  4 KiB is where
+   * page-cache backed files are efficient, unless a server prefers
+   * more; 32 MiB is the NBD spec's portable maximum payload (larger
+   * runs to a server with a smaller maximum are split).
    */
-  *minimum = 1;
-  *preferred = 4096;
+  *minimum = export_min_block ();
+  *preferred = MAX (4096u, *minimum);
+  for (i = 0; i < nr_backings; ++i)
+    if (backings[i].remote)
+      *preferred = MAX (*preferred,
+                        remote_info (backings[i].remote)->pref_block);
   *maximum = 32 * 1024 * 1024;
+  *preferred = MIN (*preferred, *maximum);
   return 0;
 }
 
@@ -674,7 +794,34 @@ plugin_extents (void *handle, uint32_t count, uint64_t offset,
   /* A client asks again for the rest; bound the work of one call. */
   while (layout_iter_next (&it, &p) && pieces++ < 256) {
     uint64_t off = p.offset, left = p.count, exp = offset + p.buf_offset;
+    struct remote *rem = backings[p.backing].remote;
 
+    /* A server answers many extents per round trip: take them all. */
+    while (rem && left > 0) {
+      struct remote_extent ext[64];
+      int n = remote_extents (rem, off, left, ext, 64), k;
+
+      if (n == -1) {
+        nbdkit_error ("file=%s: block status: %m", backings[p.backing].name);
+        return -1;
+      }
+      for (k = 0; k < n && left > 0; ++k) {
+        uint64_t len = MIN (ext[k].length, left);
+        uint32_t fl = 0;
+
+        if (ext[k].flags & LIBNBD_STATE_HOLE)
+          fl |= NBDKIT_EXTENT_HOLE;
+        if (ext[k].flags & LIBNBD_STATE_ZERO)
+          fl |= NBDKIT_EXTENT_ZERO;
+        if (nbdkit_add_extent (extents, exp, len, fl) == -1)
+          return -1;
+        off += len;
+        exp += len;
+        left -= len;
+      }
+      if (flags & NBDKIT_FLAG_REQ_ONE)
+        return 0;
+    }
     while (left > 0) {
       uint64_t len;
       bool hole;
@@ -711,16 +858,21 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
     errno = EINVAL;
     return -1;
   }
-  while (layout_iter_next (&it, &p))
+  while (layout_iter_next (&it, &p)) {
+    if (!backing_aligned (&backings[p.backing], "cache", p.offset, p.count))
+      return -1;
     if (backing_cache (&backings[p.backing], p.count, p.offset) == -1) {
-      nbdkit_error ("file=%s: posix_fadvise: %m", backings[p.backing].name);
+      nbdkit_error ("file=%s: %s: %m", backings[p.backing].name,
+                    backings[p.backing].remote ? "cache" : "posix_fadvise");
       return -1;
     }
+  }
   return 0;
 }
 
 #define plugin_config_help \
-  "file=PATH               Backing file or block device (repeat: concatenated).\n" \
+  "file=PATH|URI           Backing file, block device or NBD URI (nbd://HOST:PORT/EXPORT,\n" \
+  "                        nbd+unix:///EXPORT?socket=PATH, nbds://...); repeat: concatenated.\n" \
   "stripe=SIZE             Stripe the files (RAID-0) in units of SIZE.\n" \
   "mode=writeback|hold     Acknowledge when held (default) or when written.\n" \
   "idle=DURATION           Unplug when no request came for this long (1ms).\n" \
@@ -730,6 +882,8 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   "max-merge=SIZE          Largest merged backend I/O (1M).\n" \
   "max-inflight=N          Backend I/Os in flight per file, all connections (64).\n" \
   "io-threads=N            Threads issuing backend I/O, all connections (16).\n" \
+  "remote-connections=N    NBD connections per URI if it allows multi-conn (4).\n" \
+  "remote-queue-depth=N    Backend I/Os in flight per NBD URI, all connections (16).\n" \
   "direct=auto|never       Write what cannot merge at once, unplugged (auto).\n" \
   "direct-size=SIZE        With direct=auto, also requests this large (64k; 0: off).\n" \
   "retry-delay=DURATION    First retry after EAGAIN/ENOMEM (3ms).\n" \

@@ -36,6 +36,10 @@ struct config {
                                  * large. */
   struct retry_policy retry;
   const char *statsfile;        /* Owned (nbdkit_realpath-like copy). */
+  unsigned remote_connections;  /* remote-connections=: handles per NBD
+                                 * URI (where it allows multi-conn). */
+  unsigned remote_queue_depth;  /* remote-queue-depth=: runs in flight
+                                 * per NBD URI. */
 };
 
 extern struct config cfg;

@@ -1,0 +1,1413 @@
+/* remote.c: NBD exports as backing files.  See remote.h.
+ *
+ * Threads.  Once remote_start ran, only r's loop thread calls nbd_* on
+ * r's handles and touches the fields marked "loop thread".  Other
+ * threads append to r->queue and call ev_async_send, both under
+ * r->lock, so that the loop cannot go away between their decision and
+ * the send; the loop decides to exit under r->lock too, and after that
+ * nothing is queued any more (remote_submit takes the blocking path).
+ *
+ * Commands.  struct rcmd is one request of the plugin: a run, a read,
+ * a flush, a cache or a block status.  The loop issues it on one
+ * handle as one or more NBD commands (split at the server's maximum
+ * payload) that all point back at it; it is finished when the last of
+ * them is answered or died with its connection.  An rcmd lives on
+ * exactly one list at a time: r->queue (other threads to the loop), the
+ * in-flight list of its handle, r->parked (waiting for a connection),
+ * or r->done (answered, to be handed back after libnbd returned).
+ */
+
+#include <config.h>
+
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ev.h>
+#include <libnbd.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "cleanup.h"
+#include "glue.h"
+#include "minmax.h"
+#include "plugin.h"
+#include "remote.h"
+
+/* The NBD spec's portable maximum payload when a server advertises
+ * none ("a client ... SHOULD NOT send a request larger than 32 MiB").
+ */
+#define DEFAULT_MAX_PAYLOAD (32 * 1024 * 1024)
+/* Zero, trim and cache carry no payload and are not limited by the
+ * maximum block size (nbdkit's blocksize-policy filter checks only
+ * their alignment), but their length is 32 bits on the wire.
+ */
+#define MAX_NO_PAYLOAD (UINT64_C (1) << 31)
+/* Zeroes written where the server cannot zero: one shared buffer. */
+#define ZERO_BUF_SIZE (1024 * 1024)
+/* Reconnect backoff: from retry-delay= up to this. */
+#define RECONNECT_MAX_DELAY_NS 1000000000ULL
+/* A connection attempt that takes longer is abandoned (a TCP connect
+ * to a host that drops packets would otherwise hang it).
+ */
+#define CONNECT_TIMEOUT_NS 10000000000ULL
+/* Runs handed back to the engine under one eng_lock acquisition. */
+#define DONE_BATCH 64
+
+enum rcmd_kind {
+  RC_RUN,                       /* A run of the engine (asynchronous). */
+  RC_PREAD,                     /* The others: a worker waits. */
+  RC_FLUSH,
+  RC_CACHE,
+  RC_EXTENTS,
+};
+
+struct rconn;
+
+struct rcmd {
+  struct rcmd *next;            /* queue, parked or done list. */
+  struct rcmd *cprev, *cnext;   /* Its handle's in-flight list. */
+  enum rcmd_kind kind;
+
+  /* Set by the submitter; read-only afterwards. */
+  struct eng_run *run;          /* RC_RUN. */
+  enum plug_op op;              /* RC_RUN. */
+  bool zero_by_write;           /* RC_RUN zero: the server has no zero. */
+  uint32_t flags;               /* LIBNBD_CMD_FLAG_*. */
+  uint64_t offset, count;
+  char *buf;                    /* Write source, read destination. */
+  void *bounce;                 /* Owned: a merged run's data, in one
+                                 * piece (libnbd takes one buffer). */
+  struct remote_wait *wait;     /* Not RC_RUN. */
+  struct remote_extent *ext;    /* RC_EXTENTS: the caller's array. */
+  size_t max_ext;
+  int *nr_ext_out;              /* RC_EXTENTS: where the count goes. */
+
+  /* Loop thread (or the blocking path). */
+  struct rconn *conn;
+  unsigned pending;             /* NBD commands not answered. */
+  int err;                      /* First error the server answered. */
+  bool died;                    /* A command died with its connection. */
+  size_t nr_ext;
+  uint64_t ext_covered;
+  uint64_t deadline_ns;         /* Parked: give up then. */
+};
+
+enum rconn_state {
+  RCONN_DOWN,                   /* No handle; next attempt at
+                                 * next_attempt_ns. */
+  RCONN_CONNECTING,             /* nbd_aio_connect_uri in progress. */
+  RCONN_READY,                  /* Takes commands. */
+};
+
+struct rconn {
+  struct remote *r;
+  unsigned idx;
+  struct nbd_handle *nbd;       /* Owned; NULL when DOWN. */
+  enum rconn_state state;
+  int fd;
+  ev_io io;
+  int events;                   /* What io watches; 0: stopped. */
+  bool broken;                  /* An nbd_aio_* call found it dead. */
+  struct rcmd *inflight;        /* rcmds issued here, unanswered. */
+  unsigned nr_inflight;
+  unsigned attempts;            /* Failed connection attempts in a row. */
+  uint64_t next_attempt_ns;
+  uint64_t connect_deadline_ns;
+};
+
+enum remote_state {
+  R_STOPPED,                    /* No loop thread: blocking path. */
+  R_RUNNING,
+  R_STOPPING,                   /* Asked to stop; still serving until
+                                 * nothing is in flight. */
+};
+
+struct remote {
+  char *uri;                    /* Owned. */
+  struct remote_config cfg;
+  struct remote_info info;
+  char *zero_buf;               /* Owned, when the server has no zero. */
+  size_t zero_buf_size;
+  uint64_t max_no_payload;      /* MAX_NO_PAYLOAD aligned down. */
+  struct rconn conns[REMOTE_MAX_CONNS];
+  unsigned nr_ready;            /* Atomic: READY handles. */
+
+  /* Protected by lock. */
+  pthread_mutex_t lock;
+  enum remote_state state;
+  struct rcmd *queue, **queue_tail;
+
+  /* The blocking path (no loop thread): one command at a time. */
+  pthread_mutex_t sync_lock;
+
+  /* Read-only while the thread runs. */
+  struct ev_loop *loop;
+  pthread_t thread;
+
+  /* Loop thread. */
+  ev_async kick;
+  ev_timer timer;
+  bool stopping;
+  uint64_t stop_deadline_ns;
+  bool outage_logged;           /* "lost" was logged for this outage. */
+  struct rcmd *parked, **parked_tail;
+  struct rcmd *done, **done_tail;
+  struct eng_run *batch_runs[DONE_BATCH];
+  int batch_errs[DONE_BATCH];
+  size_t nr_batch;
+};
+
+static void settle (struct remote *r);
+
+bool
+remote_is_uri (const char *name)
+{
+  static const char *const schemes[] = {
+    "nbd://", "nbds://", "nbd+unix://", "nbds+unix://",
+    "nbd+vsock://", "nbds+vsock://",
+  };
+  size_t i;
+
+  for (i = 0; i < sizeof schemes / sizeof schemes[0]; ++i)
+    if (strncmp (name, schemes[i], strlen (schemes[i])) == 0)
+      return true;
+  return false;
+}
+
+const struct remote_info *
+remote_info (const struct remote *r)
+{
+  return &r->info;
+}
+
+const char *
+remote_uri (const struct remote *r)
+{
+  return r->uri;
+}
+
+/* ---- handles ---- */
+
+static struct nbd_handle *
+new_handle (void)
+{
+  struct nbd_handle *h = nbd_create ();
+
+  if (h == NULL)
+    return NULL;
+  /* Block status needs the context before the handshake; a server
+   * without it simply does not agree to it (can_extents false).
+   */
+  if (nbd_add_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1 ||
+      /* The URI is the administrator's (the command line), so it may
+       * name local files such as ?tls-psk-file=.
+       */
+      nbd_set_uri_allow_local_file (h, true) == -1) {
+    nbd_close (h);
+    return NULL;
+  }
+  return h;
+}
+
+static int
+read_info (struct remote *r, struct nbd_handle *h)
+{
+  struct remote_info *i = &r->info;
+  int64_t size = nbd_get_size (h), v;
+
+  if (size == -1) {
+    nbdkit_error ("file=%s: nbd_get_size: %s", r->uri, nbd_get_error ());
+    return -1;
+  }
+  i->size = size;
+  i->readonly = nbd_is_read_only (h) == 1;
+  i->can_flush = nbd_can_flush (h) == 1;
+  i->can_fua = nbd_can_fua (h) == 1;
+  i->can_trim = nbd_can_trim (h) == 1;
+  i->can_zero = nbd_can_zero (h) == 1;
+  i->can_fast_zero = nbd_can_fast_zero (h) == 1;
+  i->can_multi_conn = nbd_can_multi_conn (h) == 1;
+  i->can_cache = nbd_can_cache (h) == 1;
+  i->can_extents =
+    nbd_can_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
+  v = nbd_get_block_size (h, LIBNBD_SIZE_MINIMUM);
+  i->min_block = v > 0 ? v : 1;
+  v = nbd_get_block_size (h, LIBNBD_SIZE_PREFERRED);
+  i->pref_block = v > 0 ? v : 0;
+  v = nbd_get_block_size (h, LIBNBD_SIZE_MAXIMUM);
+  if (v <= 0 || v > DEFAULT_MAX_PAYLOAD)
+    v = DEFAULT_MAX_PAYLOAD;
+  /* Never split below the minimum: whole multiples of it. */
+  v = v / i->min_block * i->min_block;
+  i->max_payload = v > 0 ? v : i->min_block;
+  r->max_no_payload = MAX_NO_PAYLOAD / i->min_block * i->min_block;
+  return 0;
+}
+
+struct remote *
+remote_open (const char *uri, const struct remote_config *rcfg)
+{
+  struct remote *r;
+  struct nbd_handle *h;
+  unsigned i, n;
+
+  r = calloc (1, sizeof *r);
+  if (r == NULL || (r->uri = strdup (uri)) == NULL) {
+    nbdkit_error ("file=%s: calloc: %m", uri);
+    free (r);
+    return NULL;
+  }
+  r->cfg = *rcfg;
+  pthread_mutex_init (&r->lock, NULL);
+  pthread_mutex_init (&r->sync_lock, NULL);
+  r->queue_tail = &r->queue;
+  r->parked_tail = &r->parked;
+  r->done_tail = &r->done;
+  for (i = 0; i < REMOTE_MAX_CONNS; ++i) {
+    r->conns[i].r = r;
+    r->conns[i].idx = i;
+    r->conns[i].fd = -1;
+    r->conns[i].state = RCONN_DOWN;
+  }
+
+  h = new_handle ();
+  if (h == NULL) {
+    nbdkit_error ("file=%s: nbd_create: %s", uri, nbd_get_error ());
+    goto err;
+  }
+  if (nbd_connect_uri (h, uri) == -1) {
+    nbdkit_error ("file=%s: cannot connect to the NBD server: %s",
+                  uri, nbd_get_error ());
+    nbd_close (h);
+    goto err;
+  }
+  if (read_info (r, h) == -1) {
+    nbd_close (h);
+    goto err;
+  }
+  r->conns[0].nbd = h;
+  r->conns[0].fd = nbd_aio_get_fd (h);
+  r->conns[0].state = RCONN_READY;
+  r->nr_ready = 1;
+
+  /* More than one handle only where the server promises that a FLUSH
+   * on one covers the writes answered on all (NBD multi-conn).
+   */
+  n = r->info.can_multi_conn ? MAX (rcfg->max_conns, 1u) : 1;
+  n = MIN (n, (unsigned) REMOTE_MAX_CONNS);
+  r->info.nr_conns = n;
+  for (i = 1; i < n; ++i) {
+    struct rconn *c = &r->conns[i];
+
+    h = new_handle ();
+    if (h == NULL || nbd_connect_uri (h, uri) == -1 ||
+        nbd_get_size (h) != (int64_t) r->info.size) {
+      /* The loop reconnects it later. */
+      nbdkit_debug ("file=%s: connection %u: %s", uri, i,
+                    h ? nbd_get_error () : "nbd_create failed");
+      nbd_close (h);
+      continue;
+    }
+    c->nbd = h;
+    c->fd = nbd_aio_get_fd (h);
+    c->state = RCONN_READY;
+    r->nr_ready++;
+  }
+
+  if (!r->info.can_zero && !r->info.readonly) {
+    r->zero_buf_size = MIN ((size_t) r->info.max_payload,
+                            (size_t) ZERO_BUF_SIZE);
+    if (r->zero_buf_size % r->info.min_block != 0)
+      r->zero_buf_size = r->info.max_payload;
+    r->zero_buf = calloc (1, r->zero_buf_size);
+    if (r->zero_buf == NULL) {
+      nbdkit_error ("file=%s: calloc: %m", uri);
+      goto err;
+    }
+  }
+  nbdkit_debug ("file=%s: size %" PRIu64 "%s, %u connection%s, block size "
+                "%" PRIu32 "/%" PRIu32 "/%" PRIu32 ", flush %d fua %d "
+                "trim %d zero %d fast-zero %d multi-conn %d cache %d "
+                "extents %d",
+                uri, r->info.size, r->info.readonly ? " read-only" : "",
+                n, n == 1 ? "" : "s", r->info.min_block,
+                r->info.pref_block, r->info.max_payload,
+                r->info.can_flush, r->info.can_fua, r->info.can_trim,
+                r->info.can_zero, r->info.can_fast_zero,
+                r->info.can_multi_conn, r->info.can_cache,
+                r->info.can_extents);
+  return r;
+
+ err:
+  remote_close (r);
+  return NULL;
+}
+
+void
+remote_close (struct remote *r)
+{
+  unsigned i;
+
+  if (r == NULL)
+    return;
+  assert (r->state == R_STOPPED);
+  for (i = 0; i < REMOTE_MAX_CONNS; ++i) {
+    struct nbd_handle *h = r->conns[i].nbd;
+
+    if (h == NULL)
+      continue;
+    /* NBD_CMD_DISC: the polite goodbye, once nothing is in flight. */
+    if (nbd_aio_is_ready (h) && nbd_aio_in_flight (h) == 0)
+      nbd_shutdown (h, 0);
+    nbd_close (h);
+    r->conns[i].nbd = NULL;
+  }
+  pthread_mutex_destroy (&r->lock);
+  pthread_mutex_destroy (&r->sync_lock);
+  free (r->zero_buf);
+  free (r->uri);
+  free (r);
+}
+
+/* ---- commands ---- */
+
+static struct rcmd *
+cmd_new (enum rcmd_kind kind)
+{
+  struct rcmd *cmd = calloc (1, sizeof *cmd);
+
+  if (cmd)
+    cmd->kind = kind;
+  return cmd;
+}
+
+static void
+cmd_free (struct rcmd *cmd)
+{
+  free (cmd->bounce);
+  free (cmd);
+}
+
+/* The longest NBD command this rcmd may be split into. */
+static uint64_t
+chunk_limit (const struct remote *r, const struct rcmd *cmd)
+{
+  if (cmd->kind == RC_RUN && cmd->zero_by_write)
+    return r->zero_buf_size;
+  if (cmd->kind == RC_PREAD ||
+      (cmd->kind == RC_RUN && cmd->op == PLUG_OP_WRITE))
+    return r->info.max_payload;
+  return r->max_no_payload;
+}
+
+static int
+extent_cb (void *user_data, const char *metacontext, uint64_t offset,
+           uint32_t *entries, size_t nr_entries, int *error)
+{
+  struct rcmd *cmd = user_data;
+  size_t i;
+
+  if (strcmp (metacontext, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0)
+    return 0;
+  /* nr_entries counts integers: nr_entries / 2 pairs. */
+  for (i = 0; i + 1 < nr_entries; i += 2) {
+    uint64_t len = entries[i];
+
+    if (cmd->nr_ext >= cmd->max_ext || cmd->ext_covered >= cmd->count)
+      break;
+    /* A server may describe more than was asked: clip. */
+    len = MIN (len, cmd->count - cmd->ext_covered);
+    if (len == 0)
+      break;
+    cmd->ext[cmd->nr_ext].length = len;
+    cmd->ext[cmd->nr_ext].flags = entries[i + 1];
+    cmd->nr_ext++;
+    cmd->ext_covered += len;
+  }
+  return 0;
+}
+
+/* Issue one NBD command for [off, off+len) of cmd on h, asynchronously
+ * (cb non-NULL) or with libnbd's blocking call.  Returns -1 on error
+ * (libnbd's error is set).
+ */
+static int64_t
+issue_one (struct remote *r, struct nbd_handle *h, struct rcmd *cmd,
+           uint64_t off, uint64_t len, const nbd_completion_callback *cb)
+{
+  char *buf = cmd->buf ? cmd->buf + (off - cmd->offset) : NULL;
+  nbd_extent_callback ecb = { .callback = extent_cb, .user_data = cmd };
+  uint32_t fua = cmd->flags & LIBNBD_CMD_FLAG_FUA;
+
+  switch (cmd->kind) {
+  case RC_PREAD:
+    return cb ? nbd_aio_pread (h, buf, len, off, *cb, 0)
+      : nbd_pread (h, buf, len, off, 0);
+  case RC_FLUSH:
+    return cb ? nbd_aio_flush (h, *cb, 0) : nbd_flush (h, 0);
+  case RC_CACHE:
+    return cb ? nbd_aio_cache (h, len, off, *cb, 0)
+      : nbd_cache (h, len, off, 0);
+  case RC_EXTENTS:
+    return cb ? nbd_aio_block_status (h, len, off, ecb, *cb, 0)
+      : nbd_block_status (h, len, off, ecb, 0);
+  case RC_RUN:
+    switch (cmd->op) {
+    case PLUG_OP_WRITE:
+      return cb ? nbd_aio_pwrite (h, buf, len, off, *cb, cmd->flags)
+        : nbd_pwrite (h, buf, len, off, cmd->flags);
+    case PLUG_OP_ZERO:
+      if (cmd->zero_by_write)
+        return cb ? nbd_aio_pwrite (h, r->zero_buf, len, off, *cb, fua)
+          : nbd_pwrite (h, r->zero_buf, len, off, fua);
+      return cb ? nbd_aio_zero (h, len, off, *cb, cmd->flags)
+        : nbd_zero (h, len, off, cmd->flags);
+    case PLUG_OP_TRIM:
+      return cb ? nbd_aio_trim (h, len, off, *cb, fua)
+        : nbd_trim (h, len, off, fua);
+    }
+  }
+  abort ();
+}
+
+/* Is h still connected (commands can be issued)? */
+static bool
+connected (struct nbd_handle *h)
+{
+  return nbd_aio_is_ready (h) == 1 || nbd_aio_is_processing (h) == 1;
+}
+
+/* ---- the blocking path (no loop thread) ---- */
+
+static int
+run_blocking (struct remote *r, struct rcmd *cmd)
+{
+  struct nbd_handle *h = NULL;
+  uint64_t off = cmd->offset, left = cmd->count;
+  uint64_t lim = chunk_limit (r, cmd);
+  unsigned i;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&r->sync_lock);
+
+  for (i = 0; i < r->info.nr_conns && h == NULL; ++i)
+    if (r->conns[i].state == RCONN_READY && connected (r->conns[i].nbd))
+      h = r->conns[i].nbd;
+  if (h == NULL) {
+    nbdkit_error ("file=%s: not connected", r->uri);
+    return EIO;
+  }
+  if (cmd->kind == RC_FLUSH)
+    left = 1;                   /* One command, no range. */
+  if (cmd->kind == RC_EXTENTS)
+    left = MIN (left, lim);
+  while (left > 0) {
+    uint64_t len = MIN (left, lim);
+
+    if (issue_one (r, h, cmd, off, len, NULL) == -1) {
+      int err = nbd_get_errno ();
+
+      nbdkit_error ("file=%s: %s", r->uri, nbd_get_error ());
+      return err ? err : EIO;
+    }
+    off += len;
+    left -= len;
+  }
+  if (cmd->kind == RC_EXTENTS)
+    *cmd->nr_ext_out = cmd->nr_ext;
+  return 0;
+}
+
+/* ---- the loop thread: finishing ---- */
+
+static void
+conn_list_remove (struct rconn *c, struct rcmd *cmd)
+{
+  if (cmd->cprev)
+    cmd->cprev->cnext = cmd->cnext;
+  else
+    c->inflight = cmd->cnext;
+  if (cmd->cnext)
+    cmd->cnext->cprev = cmd->cprev;
+  cmd->cprev = cmd->cnext = NULL;
+  c->nr_inflight--;
+}
+
+static void
+done_push (struct remote *r, struct rcmd *cmd)
+{
+  cmd->next = NULL;
+  *r->done_tail = cmd;
+  r->done_tail = &cmd->next;
+}
+
+/* Every NBD command of cmd was answered (or died). */
+static void
+cmd_finished (struct remote *r, struct rcmd *cmd)
+{
+  if (cmd->conn) {
+    conn_list_remove (cmd->conn, cmd);
+    cmd->conn = NULL;
+  }
+  done_push (r, cmd);
+}
+
+/* libnbd's completion callback: record the result, nothing else (no
+ * nbd_* call on the handle from here).  Called by libnbd inside
+ * nbd_aio_notify_*, or when the connection dies.
+ */
+static int
+done_cb (void *user_data, int *error)
+{
+  struct rcmd *cmd = user_data;
+
+  if (*error) {
+    /* ENOTCONN: the connection ended with the command in flight;
+     * ESHUTDOWN: the server is going away and did not do it.  Both are
+     * sent again on a connection that works.
+     */
+    if (*error == ENOTCONN || *error == ESHUTDOWN)
+      cmd->died = true;
+    else if (cmd->err == 0)
+      cmd->err = *error;
+  }
+  assert (cmd->pending > 0);
+  if (--cmd->pending == 0)
+    cmd_finished (cmd->conn->r, cmd);
+  return 1;
+}
+
+static const char *
+kind_name (enum rcmd_kind kind)
+{
+  switch (kind) {
+  case RC_RUN: return "write";
+  case RC_PREAD: return "read";
+  case RC_FLUSH: return "flush";
+  case RC_CACHE: return "cache";
+  case RC_EXTENTS: return "block status";
+  }
+  return "?";
+}
+
+static void
+wait_fail (struct remote_wait *w, int err)
+{
+  int zero = 0;
+
+  __atomic_compare_exchange_n (&w->err, &zero, err, false,
+                               __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+
+/* Answer a waiting worker; cmd is freed. */
+static void
+sync_done (struct rcmd *cmd, int err)
+{
+  struct remote_wait *w = cmd->wait;
+
+  if (cmd->kind == RC_EXTENTS)
+    *cmd->nr_ext_out = err ? 0 : cmd->nr_ext;
+  if (err)
+    wait_fail (w, err);
+  cmd_free (cmd);
+  sem_post (&w->done);          /* w may be gone after this. */
+}
+
+static void
+batch_flush (struct remote *r)
+{
+  if (r->nr_batch > 0)
+    glue_runs_done (r->batch_runs, r->batch_errs, r->nr_batch);
+  r->nr_batch = 0;
+}
+
+static void
+batch_add (struct remote *r, struct eng_run *run, int err)
+{
+  if (r->nr_batch == DONE_BATCH)
+    batch_flush (r);
+  r->batch_runs[r->nr_batch] = run;
+  r->batch_errs[r->nr_batch] = err;
+  r->nr_batch++;
+}
+
+/* ---- the loop thread: issuing ---- */
+
+static struct rconn *
+pick_conn (struct remote *r)
+{
+  struct rconn *best = NULL;
+  unsigned i;
+
+  for (i = 0; i < r->info.nr_conns; ++i) {
+    struct rconn *c = &r->conns[i];
+
+    if (c->state == RCONN_READY && !c->broken &&
+        (best == NULL || c->nr_inflight < best->nr_inflight))
+      best = c;
+  }
+  return best;
+}
+
+static void
+park (struct remote *r, struct rcmd *cmd)
+{
+  if (cmd->deadline_ns == 0)
+    cmd->deadline_ns = eng_add_ns (now_ns (), r->cfg.retry.timeout_ns);
+  cmd->next = NULL;
+  *r->parked_tail = cmd;
+  r->parked_tail = &cmd->next;
+}
+
+static void
+issue (struct remote *r, struct rconn *c, struct rcmd *cmd)
+{
+  nbd_completion_callback cb = { .callback = done_cb, .user_data = cmd };
+  uint64_t off = cmd->offset, left = cmd->count;
+  uint64_t lim = chunk_limit (r, cmd);
+
+  cmd->conn = c;
+  cmd->err = 0;
+  cmd->died = false;
+  cmd->nr_ext = 0;
+  cmd->ext_covered = 0;
+  cmd->cprev = NULL;
+  cmd->cnext = c->inflight;
+  if (c->inflight)
+    c->inflight->cprev = cmd;
+  c->inflight = cmd;
+  c->nr_inflight++;
+
+  if (cmd->kind == RC_FLUSH)
+    left = 1;                   /* One command, no range. */
+  if (cmd->kind == RC_EXTENTS)
+    left = MIN (left, lim);
+  /* One extra count while issuing: a command answered at once must not
+   * finish cmd before its other pieces are issued.
+   */
+  cmd->pending = 1;
+  while (left > 0) {
+    uint64_t len = MIN (left, lim);
+
+    cmd->pending++;
+    if (issue_one (r, c->nbd, cmd, off, len, &cb) == -1) {
+      int err = nbd_get_errno ();
+
+      cmd->pending--;
+      if (!connected (c->nbd)) {
+        cmd->died = true;
+        c->broken = true;
+      }
+      else if (cmd->err == 0) {
+        /* libnbd's own ENOMEM (or EAGAIN) is "not now" for a run. */
+        cmd->err = err ? err : EIO;
+        nbdkit_debug ("file=%s: %s", r->uri, nbd_get_error ());
+      }
+      break;
+    }
+    off += len;
+    left -= len;
+  }
+  if (--cmd->pending == 0)
+    cmd_finished (r, cmd);
+}
+
+static void
+dispatch (struct remote *r, struct rcmd *cmd)
+{
+  struct rconn *c = pick_conn (r);
+
+  if (c) {
+    issue (r, c, cmd);
+    return;
+  }
+  /* No connection.  A run goes back to the engine, which requeues it
+   * and retries it after its delay (bounded by retry-timeout); a
+   * waiting worker waits here for a connection, as long.
+   */
+  if (cmd->kind == RC_RUN) {
+    cmd->died = true;
+    done_push (r, cmd);
+  }
+  else if (r->stopping) {
+    cmd->err = EIO;
+    done_push (r, cmd);
+  }
+  else
+    park (r, cmd);
+}
+
+/* Hand every finished command back: runs to the engine (one batch),
+ * answers to waiting workers; a worker's command that died with its
+ * connection is sent again.
+ */
+static void
+finish_done (struct remote *r)
+{
+  struct rcmd *cmd;
+
+  while ((cmd = r->done) != NULL) {
+    r->done = cmd->next;
+    if (r->done == NULL)
+      r->done_tail = &r->done;
+    cmd->next = NULL;
+
+    if (cmd->kind == RC_RUN) {
+      int err = cmd->err;
+
+      /* First error wins; a piece that died with its connection is
+       * "not now": the engine writes the run again (idempotent).
+       */
+      if (err == 0 && cmd->died)
+        err = EAGAIN;
+      batch_add (r, cmd->run, err);
+      cmd_free (cmd);
+    }
+    else if (cmd->died && cmd->err == 0)
+      dispatch (r, cmd);
+    else {
+      if (cmd->err)
+        nbdkit_error ("file=%s: %s: %s", r->uri, kind_name (cmd->kind),
+                      strerror (cmd->err));
+      sync_done (cmd, cmd->err);
+    }
+  }
+}
+
+/* ---- the loop thread: connections ---- */
+
+static uint64_t
+reconnect_delay (const struct remote *r, unsigned attempts)
+{
+  struct retry_policy p = {
+    .delay_ns = r->cfg.retry.delay_ns,
+    .max_delay_ns = RECONNECT_MAX_DELAY_NS,
+  };
+
+  return retry_delay (&p, attempts);
+}
+
+static void
+watch (struct remote *r, struct rconn *c)
+{
+  int want = 0;
+
+  if (c->nbd && c->fd >= 0 && c->state != RCONN_DOWN) {
+    unsigned dir = nbd_aio_get_direction (c->nbd);
+
+    if (dir & LIBNBD_AIO_DIRECTION_READ)
+      want |= EV_READ;
+    if (dir & LIBNBD_AIO_DIRECTION_WRITE)
+      want |= EV_WRITE;
+  }
+  if (want == c->events)
+    return;
+  if (c->events)
+    ev_io_stop (r->loop, &c->io);
+  c->events = want;
+  if (want) {
+    ev_io_set (&c->io, c->fd, want);
+    ev_io_start (r->loop, &c->io);
+  }
+}
+
+/* c's handle is dead, closed, failed to connect, or given up on. */
+static void
+conn_lost (struct remote *r, struct rconn *c, const char *why)
+{
+  struct rcmd *cmd;
+
+  if (c->state == RCONN_READY) {
+    __atomic_sub_fetch (&r->nr_ready, 1, __ATOMIC_SEQ_CST);
+    if (!r->outage_logged && !r->stopping)
+      nbdkit_error ("file=%s: connection lost (%s): reconnecting; writes "
+                    "wait up to retry-timeout", r->uri, why);
+    r->outage_logged = true;
+  }
+  else if (c->state == RCONN_CONNECTING)
+    nbdkit_debug ("file=%s: connection %u: reconnect failed: %s",
+                  r->uri, c->idx, why);
+  if (c->events)
+    ev_io_stop (r->loop, &c->io);
+  c->events = 0;
+  /* Closing a dead handle retires what it still holds; whatever libnbd
+   * did not answer is answered here, as died.
+   */
+  nbd_close (c->nbd);
+  c->nbd = NULL;
+  c->fd = -1;
+  while ((cmd = c->inflight) != NULL) {
+    cmd->died = true;
+    cmd->pending = 0;
+    cmd_finished (r, cmd);
+  }
+  c->state = RCONN_DOWN;
+  c->broken = false;
+  c->next_attempt_ns = eng_add_ns (now_ns (),
+                                   reconnect_delay (r, c->attempts));
+  if (c->attempts < 64)
+    c->attempts++;
+}
+
+static void
+start_connect (struct remote *r, struct rconn *c)
+{
+  struct nbd_handle *h = new_handle ();
+
+  if (h == NULL || nbd_aio_connect_uri (h, r->uri) == -1) {
+    nbdkit_debug ("file=%s: connection %u: reconnect failed: %s",
+                  r->uri, c->idx, nbd_get_error ());
+    nbd_close (h);
+    c->next_attempt_ns = eng_add_ns (now_ns (),
+                                     reconnect_delay (r, c->attempts));
+    if (c->attempts < 64)
+      c->attempts++;
+    return;
+  }
+  c->nbd = h;
+  c->fd = nbd_aio_get_fd (h);
+  c->state = RCONN_CONNECTING;
+  c->connect_deadline_ns =
+    eng_add_ns (now_ns (), MAX (CONNECT_TIMEOUT_NS,
+                                r->cfg.retry.timeout_ns));
+}
+
+/* A reconnect finished its handshake.  Returns false if the export is
+ * not the one we had (its size changed): then it is given up on.
+ */
+static bool
+conn_ready (struct remote *r, struct rconn *c)
+{
+  int64_t size = nbd_get_size (c->nbd);
+
+  if (size != (int64_t) r->info.size) {
+    nbdkit_error ("file=%s: the server came back with an export of "
+                  "%" PRId64 " bytes, not %" PRIu64 ": not using it",
+                  r->uri, size, r->info.size);
+    conn_lost (r, c, "export size changed");
+    return false;
+  }
+  c->state = RCONN_READY;
+  c->attempts = 0;
+  if (__atomic_add_fetch (&r->nr_ready, 1, __ATOMIC_SEQ_CST) == 1) {
+    nbdkit_debug ("file=%s: reconnected", r->uri);
+    r->outage_logged = false;
+  }
+  return true;
+}
+
+/* Send the parked commands now that a connection is up. */
+static void
+unpark (struct remote *r)
+{
+  struct rcmd *list = r->parked, *cmd;
+
+  r->parked = NULL;
+  r->parked_tail = &r->parked;
+  while ((cmd = list) != NULL) {
+    list = cmd->next;
+    cmd->next = NULL;
+    dispatch (r, cmd);
+  }
+}
+
+static void
+rearm (struct remote *r)
+{
+  uint64_t d = UINT64_MAX, now;
+  struct rcmd *cmd;
+  unsigned i;
+
+  for (i = 0; i < r->info.nr_conns; ++i) {
+    const struct rconn *c = &r->conns[i];
+
+    if (c->state == RCONN_DOWN && !r->stopping)
+      d = MIN (d, c->next_attempt_ns);
+    else if (c->state == RCONN_CONNECTING)
+      d = MIN (d, c->connect_deadline_ns);
+  }
+  for (cmd = r->parked; cmd != NULL; cmd = cmd->next)
+    d = MIN (d, cmd->deadline_ns);
+  if (r->stopping)
+    d = MIN (d, r->stop_deadline_ns);
+  ev_timer_stop (r->loop, &r->timer);
+  if (d == UINT64_MAX)
+    return;
+  ev_now_update (r->loop);
+  now = now_ns ();
+  ev_timer_set (&r->timer, d > now ? (d - now) / 1e9 : 0., 0.);
+  ev_timer_start (r->loop, &r->timer);
+}
+
+static bool
+loop_idle (const struct remote *r)
+{
+  unsigned i;
+
+  if (r->parked || r->done || r->nr_batch)
+    return false;
+  for (i = 0; i < r->info.nr_conns; ++i)
+    if (r->conns[i].nr_inflight > 0)
+      return false;
+  return true;
+}
+
+/* After every event: notice connections that died or came up, hand
+ * back what finished (which may issue more), then watch each handle in
+ * the direction libnbd wants now.
+ */
+static void
+settle (struct remote *r)
+{
+  bool again;
+  unsigned i;
+
+  do {
+    again = false;
+    for (i = 0; i < r->info.nr_conns; ++i) {
+      struct rconn *c = &r->conns[i];
+
+      if (c->state == RCONN_DOWN)
+        continue;
+      if (c->broken || nbd_aio_is_dead (c->nbd) ||
+          nbd_aio_is_closed (c->nbd)) {
+        conn_lost (r, c, c->broken ? "a command could not be sent"
+                   : "the server closed the connection");
+        again = true;
+      }
+      else if (c->state == RCONN_CONNECTING && nbd_aio_is_ready (c->nbd)) {
+        if (conn_ready (r, c))
+          unpark (r);
+        again = true;
+      }
+    }
+    if (r->done) {
+      finish_done (r);
+      again = true;
+    }
+  } while (again);
+  batch_flush (r);
+
+  for (i = 0; i < r->info.nr_conns; ++i)
+    watch (r, &r->conns[i]);
+
+  if (r->stopping && loop_idle (r)) {
+    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&r->lock);
+
+    /* Nothing is queued after this: remote_submit sees R_STOPPED. */
+    if (r->queue == NULL) {
+      r->state = R_STOPPED;
+      for (i = 0; i < r->info.nr_conns; ++i)
+        if (r->conns[i].events) {
+          ev_io_stop (r->loop, &r->conns[i].io);
+          r->conns[i].events = 0;
+        }
+      ev_timer_stop (r->loop, &r->timer);
+      ev_async_stop (r->loop, &r->kick);
+      ev_break (r->loop, EVBREAK_ALL);
+      return;
+    }
+  }
+  rearm (r);
+}
+
+static void
+io_cb (struct ev_loop *loop, ev_io *w, int revents)
+{
+  struct rconn *c = w->data;
+  unsigned dir;
+  int rv = 0;
+
+  if (c->nbd == NULL)
+    return;
+  dir = nbd_aio_get_direction (c->nbd);
+  if ((revents & EV_READ) && (dir & LIBNBD_AIO_DIRECTION_READ))
+    rv = nbd_aio_notify_read (c->nbd);
+  else if ((revents & EV_WRITE) && (dir & LIBNBD_AIO_DIRECTION_WRITE))
+    rv = nbd_aio_notify_write (c->nbd);
+  if (rv == -1 && !nbd_aio_is_dead (c->nbd) && !nbd_aio_is_closed (c->nbd))
+    nbdkit_debug ("file=%s: %s", c->r->uri, nbd_get_error ());
+  settle (c->r);
+}
+
+static void
+timer_cb (struct ev_loop *loop, ev_timer *w, int revents)
+{
+  struct remote *r = w->data;
+  uint64_t now = now_ns ();
+  struct rcmd **pp, *cmd;
+  unsigned i;
+
+  for (i = 0; i < r->info.nr_conns; ++i) {
+    struct rconn *c = &r->conns[i];
+
+    if (c->state == RCONN_DOWN && !r->stopping && now >= c->next_attempt_ns)
+      start_connect (r, c);
+    else if (c->state == RCONN_CONNECTING && now >= c->connect_deadline_ns)
+      conn_lost (r, c, "timed out");
+    else if (r->stopping && now >= r->stop_deadline_ns &&
+             c->state != RCONN_DOWN) {
+      nbdkit_error ("file=%s: %u commands still unanswered at exit",
+                    r->uri, c->nr_inflight);
+      conn_lost (r, c, "exiting");
+    }
+  }
+  /* Workers waiting for a connection give up after retry-timeout. */
+  for (pp = &r->parked; (cmd = *pp) != NULL; ) {
+    if (now >= cmd->deadline_ns) {
+      *pp = cmd->next;
+      nbdkit_error ("file=%s: no connection to the server for "
+                    "retry-timeout: giving up", r->uri);
+      cmd->err = EIO;
+      done_push (r, cmd);
+    }
+    else
+      pp = &cmd->next;
+  }
+  r->parked_tail = &r->parked;
+  for (cmd = r->parked; cmd != NULL; cmd = cmd->next)
+    r->parked_tail = &cmd->next;
+  settle (r);
+}
+
+static void
+kick_cb (struct ev_loop *loop, ev_async *w, int revents)
+{
+  struct remote *r = w->data;
+  struct rcmd *list, *cmd;
+
+  {
+    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&r->lock);
+    list = r->queue;
+    r->queue = NULL;
+    r->queue_tail = &r->queue;
+    if (r->state == R_STOPPING && !r->stopping) {
+      r->stopping = true;
+      r->stop_deadline_ns = eng_add_ns (now_ns (), r->cfg.retry.timeout_ns);
+    }
+  }
+  while ((cmd = list) != NULL) {
+    list = cmd->next;
+    cmd->next = NULL;
+    dispatch (r, cmd);
+  }
+  if (r->stopping) {
+    /* Nobody reconnects for a server that is exiting. */
+    while ((cmd = r->parked) != NULL) {
+      r->parked = cmd->next;
+      cmd->err = EIO;
+      done_push (r, cmd);
+    }
+    r->parked_tail = &r->parked;
+  }
+  settle (r);
+}
+
+static void *
+loop_thread (void *vr)
+{
+  struct remote *r = vr;
+
+  ev_run (r->loop, 0);
+  return NULL;
+}
+
+int
+remote_start (struct remote *r)
+{
+  sigset_t all, old;
+  unsigned i;
+  int err;
+
+  /* Not the default loop (it reaps children: nbdkit --run). */
+  r->loop = ev_loop_new (EVFLAG_AUTO | EVFLAG_NOSIGMASK);
+  if (r->loop == NULL) {
+    nbdkit_error ("file=%s: ev_loop_new failed", r->uri);
+    return -1;
+  }
+  ev_async_init (&r->kick, kick_cb);
+  r->kick.data = r;
+  ev_async_start (r->loop, &r->kick);
+  ev_init (&r->timer, timer_cb);
+  r->timer.data = r;
+  for (i = 0; i < r->info.nr_conns; ++i) {
+    struct rconn *c = &r->conns[i];
+
+    ev_init (&c->io, io_cb);
+    c->io.data = c;
+    if (c->state == RCONN_DOWN)
+      c->next_attempt_ns = now_ns ();
+    watch (r, c);
+  }
+  rearm (r);
+
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &old);
+  err = pthread_create (&r->thread, NULL, loop_thread, r);
+  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  if (err != 0) {
+    errno = err;
+    nbdkit_error ("file=%s: pthread_create: %m", r->uri);
+    ev_loop_destroy (r->loop);
+    r->loop = NULL;
+    return -1;
+  }
+  pthread_mutex_lock (&r->lock);
+  r->state = R_RUNNING;
+  pthread_mutex_unlock (&r->lock);
+  return 0;
+}
+
+void
+remote_stop (struct remote *r)
+{
+  pthread_mutex_lock (&r->lock);
+  if (r->state != R_RUNNING) {
+    pthread_mutex_unlock (&r->lock);
+    return;
+  }
+  r->state = R_STOPPING;
+  ev_async_send (r->loop, &r->kick);
+  pthread_mutex_unlock (&r->lock);
+  pthread_join (r->thread, NULL);
+  ev_loop_destroy (r->loop);
+  r->loop = NULL;
+  assert (r->state == R_STOPPED);
+}
+
+/* ---- submission (any thread) ---- */
+
+/* Queue cmd for the loop.  Returns true if queued; false if the loop is
+ * not running, and then cmd was carried out here (*err its result) and
+ * freed.
+ */
+static bool
+enqueue (struct remote *r, struct rcmd *cmd, int *err)
+{
+  pthread_mutex_lock (&r->lock);
+  if (r->state != R_STOPPED) {
+    cmd->next = NULL;
+    *r->queue_tail = cmd;
+    r->queue_tail = &cmd->next;
+    ev_async_send (r->loop, &r->kick);
+    pthread_mutex_unlock (&r->lock);
+    return true;
+  }
+  pthread_mutex_unlock (&r->lock);
+  *err = run_blocking (r, cmd);
+  cmd_free (cmd);
+  return false;
+}
+
+bool
+remote_submit (struct remote *r, struct eng_run *er, int *err)
+{
+  const struct plug_run *run = er->run;
+  struct rcmd *cmd;
+  uint32_t flags = 0;
+  size_t i;
+
+  for (i = 0; i < run->n; ++i) {
+    const struct eng_op *op = run->reqs[i]->opaque;
+
+    /* A member's client waits for "persisted": NBD's FUA on the
+     * command, where the server has it (conn.c then skips the FLUSH
+     * that emulates it elsewhere).
+     */
+    if ((op->flags & ENG_F_FUA) && r->info.can_fua)
+      flags |= LIBNBD_CMD_FLAG_FUA;
+  }
+  switch (run->op) {
+  case PLUG_OP_WRITE:
+    break;
+  case PLUG_OP_TRIM:
+    /* Advisory: a server without trim keeps the data, as allowed. */
+    if (!r->info.can_trim) {
+      *err = 0;
+      return false;
+    }
+    break;
+  case PLUG_OP_ZERO:
+    if (run->flags & PLUG_F_FAST) {
+      /* "MUST fail quickly with NBD_ENOTSUP" unless it is fast. */
+      if (!r->info.can_fast_zero) {
+        *err = ENOTSUP;
+        return false;
+      }
+      flags |= LIBNBD_CMD_FLAG_FAST_ZERO;
+    }
+    if (!(run->flags & PLUG_F_MAY_TRIM) && r->info.can_zero)
+      flags |= LIBNBD_CMD_FLAG_NO_HOLE;
+    break;
+  }
+  /* Down: "not now" at once, without a trip through the loop. */
+  if (__atomic_load_n (&r->nr_ready, __ATOMIC_SEQ_CST) == 0) {
+    *err = EAGAIN;
+    return false;
+  }
+
+  cmd = cmd_new (RC_RUN);
+  if (cmd == NULL) {
+    *err = ENOMEM;
+    return false;
+  }
+  cmd->run = er;
+  cmd->op = run->op;
+  cmd->flags = flags;
+  cmd->offset = run->offset;
+  cmd->count = run->count;
+  cmd->zero_by_write = run->op == PLUG_OP_ZERO && !r->info.can_zero;
+  if (run->op == PLUG_OP_WRITE) {
+    if (run->n == 1)
+      cmd->buf = (char *) run->reqs[0]->buf;
+    else {
+      char *p;
+
+      /* libnbd sends one buffer per command: gather the members (this
+       * thread, not the loop, pays the copy).  No memory is "not now".
+       */
+      p = cmd->bounce = malloc (run->count);
+      if (p == NULL) {
+        cmd_free (cmd);
+        *err = ENOMEM;
+        return false;
+      }
+      for (i = 0; i < run->n; ++i) {
+        memcpy (p, run->reqs[i]->buf, run->reqs[i]->count);
+        p += run->reqs[i]->count;
+      }
+      cmd->buf = cmd->bounce;
+    }
+  }
+  return enqueue (r, cmd, err);
+}
+
+void
+remote_wait_init (struct remote_wait *w)
+{
+  sem_init (&w->done, 0, 0);
+  w->started = 0;
+  w->err = 0;
+}
+
+int
+remote_wait (struct remote_wait *w)
+{
+  unsigned i;
+  int err;
+
+  for (i = 0; i < w->started; ++i)
+    while (sem_wait (&w->done) == -1 && errno == EINTR)
+      ;
+  sem_destroy (&w->done);
+  err = __atomic_load_n (&w->err, __ATOMIC_SEQ_CST);
+  if (err) {
+    errno = err;
+    return -1;
+  }
+  return 0;
+}
+
+static void
+start_sync (struct remote *r, struct remote_wait *w, struct rcmd *cmd)
+{
+  int err = 0;
+
+  cmd->wait = w;
+  if (enqueue (r, cmd, &err))
+    w->started++;
+  else if (err)
+    wait_fail (w, err);
+}
+
+void
+remote_start_pread (struct remote *r, struct remote_wait *w, void *buf,
+                    uint64_t count, uint64_t offset)
+{
+  struct rcmd *cmd = cmd_new (RC_PREAD);
+
+  if (cmd == NULL) {
+    wait_fail (w, ENOMEM);
+    return;
+  }
+  cmd->buf = buf;
+  cmd->offset = offset;
+  cmd->count = count;
+  start_sync (r, w, cmd);
+}
+
+void
+remote_start_flush (struct remote *r, struct remote_wait *w)
+{
+  struct rcmd *cmd;
+
+  /* A server without flush has no volatile cache to flush. */
+  if (!r->info.can_flush || r->info.readonly)
+    return;
+  cmd = cmd_new (RC_FLUSH);
+  if (cmd == NULL) {
+    wait_fail (w, ENOMEM);
+    return;
+  }
+  start_sync (r, w, cmd);
+}
+
+void
+remote_start_cache (struct remote *r, struct remote_wait *w,
+                    uint64_t count, uint64_t offset)
+{
+  struct rcmd *cmd;
+
+  if (!r->info.can_cache)       /* Advisory. */
+    return;
+  cmd = cmd_new (RC_CACHE);
+  if (cmd == NULL) {
+    wait_fail (w, ENOMEM);
+    return;
+  }
+  cmd->offset = offset;
+  cmd->count = count;
+  start_sync (r, w, cmd);
+}
+
+int
+remote_extents (struct remote *r, uint64_t offset, uint64_t count,
+                struct remote_extent *ext, size_t max)
+{
+  struct remote_wait w;
+  struct rcmd *cmd;
+  int n = 0;
+
+  /* Misaligned: "data" is always a true answer. */
+  if (!r->info.can_extents || max == 0 ||
+      offset % r->info.min_block != 0 || count % r->info.min_block != 0) {
+    ext[0].length = count;
+    ext[0].flags = 0;
+    return 1;
+  }
+  cmd = cmd_new (RC_EXTENTS);
+  if (cmd == NULL)
+    return -1;
+  cmd->offset = offset;
+  cmd->count = MIN (count, r->max_no_payload);
+  cmd->ext = ext;
+  cmd->max_ext = max;
+  cmd->nr_ext_out = &n;
+  remote_wait_init (&w);
+  start_sync (r, &w, cmd);
+  if (remote_wait (&w) == -1)
+    return -1;
+  if (n == 0) {
+    ext[0].length = MIN (count, r->max_no_payload);
+    ext[0].flags = 0;
+    n = 1;
+  }
+  return n;
+}

@@ -1,0 +1,172 @@
+/* remote.h: a backing file that is an NBD export on a server, reached
+ * with libnbd (file=nbd://..., nbd+unix://..., nbds://...).
+ *
+ * One struct remote per URI, shared by every client connection: a few
+ * libnbd handles (one, or up to remote-connections= when the server
+ * advertises multi-conn) and one thread running a libev loop that
+ * drives them with libnbd's asynchronous API: an ev_io per handle on
+ * nbd_aio_get_fd() in the direction nbd_aio_get_direction() asks for,
+ * nbd_aio_notify_read/write when it is ready.  Only that thread calls
+ * nbd_* on the handles once it runs; other threads queue commands
+ * under the remote's mutex and wake it with ev_async_send (ev(3),
+ * THREAD LOCKING EXAMPLE), so that many commands are in flight at once
+ * without a thread per command.
+ *
+ * Runs (merged writes, zeroes, trims) are asynchronous: remote_submit
+ * queues one, the loop splits it at the server's maximum payload into
+ * one or more NBD commands, and when the last of them is answered hands
+ * the run back to the engine (glue_runs_done), first error first.  The
+ * libnbd completion callbacks only record results: no nbd_* call on the
+ * handle from inside one.  "Not now" is the engine's business: a
+ * server's ENOMEM, libnbd's own ENOMEM/EAGAIN, and a connection that is
+ * down are returned as the run's result (ENOMEM or EAGAIN), so that the
+ * engine requeues the run and retries it after its delay; commands that
+ * died with a connection are reported as EAGAIN too (writes are
+ * idempotent) and so are written again once it is back.
+ *
+ * Reads, flushes, cache and block status come from nbdkit worker
+ * threads that wait for the answer (struct remote_wait): they are
+ * queued the same way; when no connection is up they wait for one, for
+ * at most retry-timeout=, and a command that died with its connection
+ * is sent again.
+ *
+ * A connection that breaks is reconnected in the loop with a capped
+ * exponential backoff (retry_delay() from src/retry.h).
+ *
+ * Before the loop thread starts (.get_ready) and after it stopped
+ * (.cleanup), the same operations run synchronously in the calling
+ * thread with libnbd's blocking calls.
+ */
+#ifndef NBDPLUG_REMOTE_H
+#define NBDPLUG_REMOTE_H
+
+#include <semaphore.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "retry.h"
+
+/* Most handles per remote (remote-connections= upper bound). */
+#define REMOTE_MAX_CONNS 16
+
+struct remote;
+
+/* What the server advertised at the first connection.  Read-only once
+ * remote_open returned.
+ */
+struct remote_info {
+  uint64_t size;
+  bool readonly;
+  bool can_flush;
+  bool can_fua;
+  bool can_trim;
+  bool can_zero;
+  bool can_fast_zero;
+  bool can_multi_conn;
+  bool can_cache;
+  bool can_extents;             /* base:allocation was negotiated. */
+  uint32_t min_block;           /* 1 if not advertised. */
+  uint32_t pref_block;          /* 0 if not advertised. */
+  uint32_t max_payload;         /* Largest read/write we send: the
+                                 * server's maximum (32 MiB if none), a
+                                 * multiple of min_block. */
+  unsigned nr_conns;            /* Handles in use. */
+};
+
+struct remote_config {
+  unsigned max_conns;           /* remote-connections= */
+  struct retry_policy retry;    /* retry-timeout= bounds the waits of
+                                 * reads and flushes while the server is
+                                 * unreachable; the backoff of reconnects
+                                 * starts at retry-delay=. */
+};
+
+/* Is name an NBD URI (one of libnbd's schemes)?  Nothing else of the
+ * URI is parsed here: libnbd does that.
+ */
+extern bool remote_is_uri (const char *name);
+
+/* Connect to uri, synchronously (context: .get_ready).  Returns NULL
+ * after nbdkit_error naming the URI and libnbd's message.
+ */
+extern struct remote *remote_open (const char *uri,
+                                   const struct remote_config *rcfg);
+
+/* Close the handles and free r (context: .unload, after remote_stop). */
+extern void remote_close (struct remote *r);
+
+extern const struct remote_info *remote_info (const struct remote *r);
+extern const char *remote_uri (const struct remote *r);
+
+/* Start r's loop thread (context: .after_fork).  Returns 0 or -1 after
+ * nbdkit_error.
+ */
+extern int remote_start (struct remote *r);
+
+/* Stop and join r's loop thread, once the commands in flight are
+ * answered (context: .cleanup, after everything was written out).
+ */
+extern void remote_stop (struct remote *r);
+
+/* Issue run (in flight, owned by the engine) to r.  Returns true if it
+ * was queued: its result comes later through glue_runs_done.  Returns
+ * false with *err set when the run is done at once: 0 (nothing to send:
+ * a trim the server cannot do, which is advisory), ENOTSUP (a fast zero
+ * the server cannot do fast), EAGAIN (no connection is up), ENOMEM, or
+ * the result of the synchronous path (the loop is not running).  Any
+ * thread but r's loop thread may hold no lock of the engine.
+ */
+extern bool remote_submit (struct remote *r, struct eng_run *run, int *err)
+  __attribute__ ((__nonnull__ (1, 2, 3)));
+
+/* Requests whose thread waits for the answer.  Start several (on one or
+ * several remotes), then wait for all of them:
+ *
+ *   struct remote_wait w;
+ *   remote_wait_init (&w);
+ *   remote_start_pread (r1, &w, buf1, n1, off1);
+ *   remote_start_flush (r2, &w);
+ *   if (remote_wait (&w) == -1) ... errno is the first error ...
+ */
+struct remote_wait {
+  sem_t done;
+  unsigned started;             /* Caller's thread only. */
+  int err;                      /* First error (atomic). */
+};
+
+extern void remote_wait_init (struct remote_wait *w)
+  __attribute__ ((__nonnull__ (1)));
+/* Wait for every request started on w; returns 0, or -1 with errno set
+ * to the first error.  Destroys w.
+ */
+extern int remote_wait (struct remote_wait *w)
+  __attribute__ ((__nonnull__ (1)));
+
+/* Read [offset, offset+count) of r into buf (split at max_payload). */
+extern void remote_start_pread (struct remote *r, struct remote_wait *w,
+                                void *buf, uint64_t count, uint64_t offset)
+  __attribute__ ((__nonnull__ (1, 2, 3)));
+/* NBD_CMD_FLUSH (nothing if the server has no flush or is read-only). */
+extern void remote_start_flush (struct remote *r, struct remote_wait *w)
+  __attribute__ ((__nonnull__ (1, 2)));
+/* NBD_CMD_CACHE (nothing if the server has none: it is advisory). */
+extern void remote_start_cache (struct remote *r, struct remote_wait *w,
+                                uint64_t count, uint64_t offset)
+  __attribute__ ((__nonnull__ (1, 2)));
+
+/* Block status of [offset, offset+count): up to max extents, each with
+ * NBD's base:allocation flags (1 hole, 2 zero), into ext[].  Returns
+ * their number (>= 1; all data if the server has no base:allocation),
+ * or -1 with errno.  Blocks.
+ */
+struct remote_extent {
+  uint64_t length;
+  uint32_t flags;
+};
+extern int remote_extents (struct remote *r, uint64_t offset, uint64_t count,
+                           struct remote_extent *ext, size_t max)
+  __attribute__ ((__nonnull__ (1, 4)));
+
+#endif /* NBDPLUG_REMOTE_H */
