@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# NBD servers that are not there, or go away.
+#  - Unreachable at start: nbdkit exits non-zero, and the error names the
+#    URI and gives libnbd's reason.
+#  - Killed (SIGKILL) while a write is in flight at it, and restarted on
+#    the same data (nbdkit file) after a while: the plug reconnects; what
+#    was acknowledged and flushed before the kill is in the file; the
+#    write that died in flight is written again after the reconnect (the
+#    new server's log shows it); a write acknowledged during the outage
+#    is written by the next FLUSH; a read during the outage waits for the
+#    reconnect and sees the right data.
+# Over a unix socket and over TCP 127.0.0.1 (the same port again).
+source ./functions.sh
+set -e
+
+requires /usr/bin/python3 -c 'import nbd'
+requires nbdkit file --version
+test -f "$PLUGIN"
+
+plug_tmpdir
+source "$srcdir/remote-lib.sh"
+
+# ---- unreachable at start ----
+for uri in "nbd+unix:///?socket=$tmp/nothing.sock" \
+           "nbd://127.0.0.1:$(free_port)/"; do
+  rc=0
+  nbdkit -U - "$PLUGIN" "file=$uri" --run true 2> "$tmp/start.err" || rc=$?
+  cat "$tmp/start.err"
+  [ $rc -ne 0 ]
+  grep -q "file=$uri: cannot connect to the NBD server: .*connect" \
+       "$tmp/start.err"
+done
+
+cat > "$tmp/client.py" <<'EOF2'
+import nbd, os, sys, time
+uri, tmp = sys.argv[1], sys.argv[2]
+K, M = 1024, 1024 * 1024
+
+def mark(name):
+    open(os.path.join(tmp, name), "w").close()
+
+def wait_mark(name):
+    for _ in range(600):
+        if os.path.exists(os.path.join(tmp, name)):
+            return
+        time.sleep(0.05)
+    sys.exit("client: no %s after 30 s" % name)
+
+def run_until(h, cookie):
+    while not h.aio_command_completed(cookie):
+        h.poll(-1)
+
+h = nbd.NBD()
+h.connect_uri(uri)
+h.pwrite(b"F" * M, 0)
+h.flush()
+mark("flushed")
+
+# Held, then sent by a FLUSH: the server delays it; the test kills the
+# server while it waits.
+for i in range(4):
+    h.pwrite(b"H" * (64 * K), M + i * 64 * K)
+fl = h.aio_flush()
+mark("flushing")
+wait_mark("killed")
+
+# The outage: a write is acknowledged (held), a read waits.
+h.pwrite(b"O" * (64 * K), 2 * M)
+buf = nbd.Buffer(4096)
+rd = h.aio_pread(buf, 4096)
+mark("outage")
+wait_mark("restarted")
+
+run_until(h, fl)                # Raises if the FLUSH failed.
+run_until(h, rd)
+assert buf.to_bytearray() == b"F" * 4096, "read during the outage differs"
+h.flush()
+assert h.pread(256 * K, M) == b"H" * (256 * K), "died write missing"
+assert h.pread(64 * K, 2 * M) == b"O" * (64 * K), "outage write missing"
+h.shutdown()
+print("client: ok")
+EOF2
+
+kill_quiet ()
+{
+  kill -KILL "$@" 2>/dev/null || :
+}
+
+wait_marker ()
+{
+  local i
+  for ((i = 0; i < 600; ++i)); do
+    [ -e "$tmp/$1" ] && return 0
+    sleep 0.05
+  done
+  echo "no marker $1 after 30 s"
+  return 1
+}
+
+run ()
+{
+  local how=$1 d=$tmp/$1 i
+  mkdir "$d"
+  /usr/bin/python3 -c 'import sys
+open(sys.argv[1], "wb").write(b"A" * (4 << 20))' "$d/disk.img"
+
+  # The first server delays every write by 2 s (the log filter in front
+  # of it shows when one arrived).
+  srv_start "$how-r" "$how" --filter=log --filter=delay file "$d/disk.img" \
+            delay-write=2 logfile="$d/r1.txt"
+  srv_start "$how-plug" unix "$PLUGIN" "file=${srv_uri[$how-r]}" \
+            idle=10s max-delay=60s direct=never statsfile="$d/stats.json"
+  /usr/bin/python3 "$tmp/client.py" "${srv_uri[$how-plug]}" "$d" &
+  cpid=$!
+  cleanup_fn kill_quiet $cpid
+
+  wait_marker "$how/flushed"
+  /usr/bin/python3 - "$d/disk.img" <<'EOF2'
+import sys
+d = open(sys.argv[1], "rb").read()
+assert d[:1 << 20] == b"F" * (1 << 20), "flushed data not in the file"
+EOF2
+  wait_marker "$how/flushing"
+  # Kill once the server has the held write in flight.
+  for ((i = 0; i < 600; ++i)); do
+    grep -q "Write id=.* offset=0x100000 " "$d/r1.txt" && break
+    sleep 0.05
+  done
+  grep -q "Write id=.* offset=0x100000 " "$d/r1.txt"
+  srv_kill "$how-r"
+  touch "$d/killed"
+  wait_marker "$how/outage"
+  sleep 0.5                     # A real outage: several failed reconnects.
+  srv_start "$how-r" "$how" --filter=log file "$d/disk.img" \
+            logfile="$d/r2.txt"
+  touch "$d/restarted"
+  wait $cpid
+  srv_stop "$how-plug"
+  srv_stop "$how-r"
+
+  /usr/bin/python3 - "$d/disk.img" <<'EOF2'
+import sys
+M = 1 << 20
+d = open(sys.argv[1], "rb").read()
+want = (b"F" * M + b"H" * (M // 4) + b"A" * (3 * M // 4) +
+        b"O" * (M // 16) + b"A" * (2 * M - M // 16))
+assert d == want, "disk.img differs at %d" % next(
+    i for i in range(len(d)) if d[i] != want[i])
+print("disk.img: ok")
+EOF2
+  # The died write reached the new server; the plug saw the outage.
+  grep -q "Write id=.* offset=0x100000 " "$d/r2.txt"
+  grep -q "connection lost" "$tmp/$how-plug.log"
+  [ "$(jq .retry.eagain "$d/stats.json")" -gt 0 ]
+  [ "$(jq .retry.errors "$d/stats.json")" -eq 0 ]
+}
+
+requires jq --version
+run unix
+run tcp
