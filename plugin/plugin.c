@@ -82,7 +82,7 @@ NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
  * explained in the man page with their measurements.
  */
 #define DEFAULT_REMOTE_CONNECTIONS      4
-#define DEFAULT_REMOTE_QUEUE_DEPTH     16
+#define DEFAULT_REMOTE_QUEUE_DEPTH     64
 
 struct config cfg = {
   .mode = MODE_WRITEBACK,
@@ -883,7 +883,7 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   "max-inflight=N          Backend I/Os in flight per file, all connections (64).\n" \
   "io-threads=N            Threads issuing backend I/O, all connections (16).\n" \
   "remote-connections=N    NBD connections per URI if it allows multi-conn (4).\n" \
-  "remote-queue-depth=N    Backend I/Os in flight per NBD URI, all connections (16).\n" \
+  "remote-queue-depth=N    Backend I/Os in flight per NBD URI, all connections (64).\n" \
   "direct=auto|never       Write what cannot merge at once, unplugged (auto).\n" \
   "direct-size=SIZE        With direct=auto, also requests this large (64k; 0: off).\n" \
   "retry-delay=DURATION    First retry after EAGAIN/ENOMEM (3ms).\n" \

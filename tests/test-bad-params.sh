@@ -103,4 +103,7 @@ bad "max-requests=0" "$good" max-requests=0
 bad "max-requests" "$good" max-requests=many
 bad "max-inflight=0" "$good" max-inflight=0
 bad "io-threads=0" "$good" io-threads=0
+bad "remote-connections=0" "$good" remote-connections=0
+bad "remote-connections=17" "$good" remote-connections=17
+bad "remote-queue-depth=0" "$good" remote-queue-depth=0
 bad "direct=sometimes" "$good" direct=sometimes

@@ -25,15 +25,18 @@ grep '^plug_max_requests_default=256$' "$tmp/dump"
 grep '^plug_retry_delay_default=3ms$' "$tmp/dump"
 # Measured or tunable ones: present, with a value.
 for d in idle max_delay max_bytes max_merge max_inflight io_threads \
-         retry_max_delay retry_timeout; do
+         retry_max_delay retry_timeout remote_connections \
+         remote_queue_depth; do
   grep "^plug_${d}_default=[0-9]" "$tmp/dump"
 done
 grep '^plug_libev=[0-9]' "$tmp/dump"
+grep '^plug_libnbd=[0-9]' "$tmp/dump"
+grep '^plug_remote_tls=\(yes\|no\)$' "$tmp/dump"
 
 nbdkit "$PLUGIN" --help > "$tmp/help"
 cat "$tmp/help"
 for p in file stripe mode idle max-delay max-requests max-bytes max-merge \
          max-inflight io-threads retry-delay retry-max-delay retry-timeout \
-         statsfile; do
+         statsfile remote-connections remote-queue-depth; do
   grep "^$p=" "$tmp/help"
 done

@@ -133,6 +133,19 @@ assert names.count("Flush") == af + 1, \
     "flushes: A %d, B %d (expected B = A + 1)" % (af, names.count("Flush"))
 EOF2
 /usr/bin/python3 "$tmp/check.py" "$tmp/A.txt" "$tmp/B.txt"
+# A layout where aligned requests would reach A misaligned: A starting
+# at 6000 bytes into the export.  Refused at start, naming A.
+truncate -s 6000 "$tmp/odd.img"
+srv_start A2 unix --filter=blocksize-policy memory 1M blocksize-minimum=4096
+rc=0
+nbdkit -U - "$PLUGIN" "file=$tmp/odd.img" "file=${srv_uri[A2]}" --run true \
+       2> "$tmp/odd.err" || rc=$?
+cat "$tmp/odd.err"
+[ $rc -ne 0 ]
+grep -q "file=${srv_uri[A2]}: its offset in the export 6000 is not a multiple of the minimum block size 4096" \
+     "$tmp/odd.err"
+srv_stop A2
+
 # The refusals named the server.
 grep -q "file=${srv_uri[A]}: write of 512 bytes at offset 512 is not aligned" \
      "$tmp/plug.log"
