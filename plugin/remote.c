@@ -53,8 +53,6 @@
 #define MAX_NO_PAYLOAD (UINT64_C (1) << 31)
 /* Zeroes written where the server cannot zero: one shared buffer. */
 #define ZERO_BUF_SIZE (1024 * 1024)
-/* Reconnect backoff: from retry-delay= up to this. */
-#define RECONNECT_MAX_DELAY_NS 1000000000ULL
 /* A connection attempt that takes longer is abandoned (a TCP connect
  * to a host that drops packets would otherwise hang it).
  */
@@ -783,15 +781,14 @@ finish_done (struct remote *r)
 
 /* ---- the loop thread: connections ---- */
 
+/* The engine's own backoff (retry-delay= up to retry-max-delay=): the
+ * runs that wait for the connection are retried at that pace, so the
+ * connection is back at most one such delay after the server.
+ */
 static uint64_t
 reconnect_delay (const struct remote *r, unsigned attempts)
 {
-  struct retry_policy p = {
-    .delay_ns = r->cfg.retry.delay_ns,
-    .max_delay_ns = RECONNECT_MAX_DELAY_NS,
-  };
-
-  return retry_delay (&p, attempts);
+  return retry_delay (&r->cfg.retry, attempts);
 }
 
 static void

@@ -30,8 +30,9 @@
  * at most retry-timeout=, and a command that died with its connection
  * is sent again.
  *
- * A connection that breaks is reconnected in the loop with a capped
- * exponential backoff (retry_delay() from src/retry.h).
+ * A connection that breaks is reconnected in the loop with the engine's
+ * capped exponential backoff (retry_delay() from src/retry.h,
+ * retry-delay= up to retry-max-delay=).
  *
  * Before the loop thread starts (.get_ready) and after it stopped
  * (.cleanup), the same operations run synchronously in the calling
@@ -79,8 +80,8 @@ struct remote_config {
   unsigned max_conns;           /* remote-connections= */
   struct retry_policy retry;    /* retry-timeout= bounds the waits of
                                  * reads and flushes while the server is
-                                 * unreachable; the backoff of reconnects
-                                 * starts at retry-delay=. */
+                                 * unreachable; reconnects back off from
+                                 * retry-delay= to retry-max-delay=. */
 };
 
 /* Is name an NBD URI (one of libnbd's schemes)?  Nothing else of the

@@ -10,6 +10,10 @@
 #    is written by the next FLUSH; a read during the outage waits for the
 #    reconnect and sees the right data.
 # Over a unix socket and over TCP 127.0.0.1 (the same port again).
+#  - An outage longer than retry-timeout=1s: a FLUSH of writes held in
+#    writeback mode and a read both fail with EIO, and a hold-mode write
+#    too; the plug stays up, and once the server is back the same
+#    requests succeed.
 source ./functions.sh
 set -e
 
@@ -158,3 +162,75 @@ EOF2
 requires jq --version
 run unix
 run tcp
+
+# ---- an outage longer than retry-timeout ----
+cat > "$tmp/timeout.py" <<'EOF2'
+import errno, nbd, os, sys, time
+wb_uri, hold_uri, tmp = sys.argv[1:4]
+K = 1024
+
+def expect_eio(what, fn):
+    t = time.monotonic()
+    try:
+        fn()
+    except nbd.Error as e:
+        assert e.errnum == errno.EIO, "%s: %s" % (what, e)
+        print("ok: %s failed with EIO after %.1f s"
+              % (what, time.monotonic() - t))
+        return
+    sys.exit("%s succeeded with the server gone" % what)
+
+wb = nbd.NBD()
+wb.connect_uri(wb_uri)
+hold = nbd.NBD()
+hold.connect_uri(hold_uri)
+wb.pwrite(b"1" * (64 * K), 0)
+wb.flush()
+open(os.path.join(tmp, "t-ready"), "w").close()
+while not os.path.exists(os.path.join(tmp, "t-killed")):
+    time.sleep(0.05)
+wb.pwrite(b"2" * (64 * K), 64 * K)           # acknowledged: held
+expect_eio("writeback FLUSH", wb.flush)
+expect_eio("read", lambda: wb.pread(4096, 0))
+expect_eio("hold-mode write", lambda: hold.pwrite(b"3" * 4096, 256 * K))
+open(os.path.join(tmp, "t-failed"), "w").close()
+while not os.path.exists(os.path.join(tmp, "t-back")):
+    time.sleep(0.05)
+wb.pwrite(b"4" * (64 * K), 64 * K)
+wb.flush()
+hold.pwrite(b"5" * 4096, 256 * K)
+assert wb.pread(64 * K, 0) == b"1" * (64 * K), "flushed data changed"
+assert wb.pread(64 * K, 64 * K) == b"4" * (64 * K), "rewrite missing"
+assert wb.pread(4096, 256 * K) == b"5" * 4096, "hold write missing"
+print("ok: all good again once the server is back")
+wb.shutdown()
+hold.shutdown()
+EOF2
+truncate -s 1M "$tmp/t.img"
+srv_start t-r unix file "$tmp/t.img"
+# -v: the plugs log "reconnected" (debug), which the test waits for.
+srv_start t-wb unix -v "$PLUGIN" "file=${srv_uri[t-r]}" retry-timeout=1s \
+          idle=10s max-delay=60s direct=never
+srv_start t-hold unix -v "$PLUGIN" "file=${srv_uri[t-r]}" retry-timeout=1s \
+          mode=hold
+/usr/bin/python3 "$tmp/timeout.py" "${srv_uri[t-wb]}" "${srv_uri[t-hold]}" \
+                 "$tmp" &
+cpid=$!
+cleanup_fn kill_quiet $cpid
+wait_marker t-ready
+srv_kill t-r
+touch "$tmp/t-killed"
+wait_marker t-failed
+srv_start t-r unix file "$tmp/t.img"
+for p in t-wb t-hold; do
+  for ((i = 0; i < 600; ++i)); do
+    grep -q "reconnected" "$tmp/$p.log" && break
+    sleep 0.05
+  done
+  grep -q "reconnected" "$tmp/$p.log"
+done
+touch "$tmp/t-back"
+wait $cpid
+srv_stop t-wb
+srv_stop t-hold
+srv_stop t-r
