@@ -97,6 +97,9 @@ struct rcmd {
   size_t nr_ext;
   uint64_t ext_covered;
   uint64_t deadline_ns;         /* Parked: give up then. */
+  uint64_t retry_at_ns;         /* Parked after "not now": send again
+                                 * then (0: when a connection is up). */
+  unsigned attempts;            /* "Not now" answers so far. */
 };
 
 enum rconn_state {
@@ -664,6 +667,28 @@ park (struct remote *r, struct rcmd *cmd)
   r->parked_tail = &cmd->next;
 }
 
+/* A worker's command got "not now" (the server's ENOMEM, libnbd's own
+ * ENOMEM): park it and send it again after the engine's backoff, until
+ * retry-timeout.  Returns false when the time is up.
+ */
+static bool
+retry_later (struct remote *r, struct rcmd *cmd)
+{
+  uint64_t now = now_ns ();
+
+  if (cmd->deadline_ns == 0)
+    cmd->deadline_ns = eng_add_ns (now, r->cfg.retry.timeout_ns);
+  if (now >= cmd->deadline_ns)
+    return false;
+  cmd->retry_at_ns = MIN (eng_add_ns (now, retry_delay (&r->cfg.retry,
+                                                        cmd->attempts)),
+                          cmd->deadline_ns);
+  if (cmd->attempts < 64)
+    cmd->attempts++;
+  park (r, cmd);
+  return true;
+}
+
 static void
 issue (struct remote *r, struct rconn *c, struct rcmd *cmd)
 {
@@ -674,6 +699,7 @@ issue (struct remote *r, struct rconn *c, struct rcmd *cmd)
   cmd->conn = c;
   cmd->err = 0;
   cmd->died = false;
+  cmd->retry_at_ns = 0;
   cmd->nr_ext = 0;
   cmd->ext_covered = 0;
   cmd->cprev = NULL;
@@ -770,6 +796,9 @@ finish_done (struct remote *r)
     }
     else if (cmd->died && cmd->err == 0)
       dispatch (r, cmd);
+    else if (retry_is_transient (cmd->err) && !r->stopping &&
+             retry_later (r, cmd))
+      ;
     else {
       if (cmd->err)
         nbdkit_error ("file=%s: %s: %s", r->uri, kind_name (cmd->kind),
@@ -930,8 +959,11 @@ rearm (struct remote *r)
     else if (c->state == RCONN_CONNECTING)
       d = MIN (d, c->connect_deadline_ns);
   }
-  for (cmd = r->parked; cmd != NULL; cmd = cmd->next)
+  for (cmd = r->parked; cmd != NULL; cmd = cmd->next) {
     d = MIN (d, cmd->deadline_ns);
+    if (cmd->retry_at_ns)
+      d = MIN (d, cmd->retry_at_ns);
+  }
   if (r->stopping)
     d = MIN (d, r->stop_deadline_ns);
   ev_timer_stop (r->loop, &r->timer);
@@ -1056,14 +1088,27 @@ timer_cb (struct ev_loop *loop, ev_timer *w, int revents)
       conn_lost (r, c, "exiting");
     }
   }
-  /* Workers waiting for a connection give up after retry-timeout. */
+  /* Workers waiting for a connection, or to try again after "not
+   * now", give up after retry-timeout.
+   */
   for (pp = &r->parked; (cmd = *pp) != NULL; ) {
     if (now >= cmd->deadline_ns) {
       *pp = cmd->next;
-      nbdkit_error ("file=%s: no connection to the server for "
-                    "retry-timeout: giving up", r->uri);
+      if (cmd->retry_at_ns)
+        nbdkit_error ("file=%s: %s: %s for retry-timeout: giving up",
+                      r->uri, kind_name (cmd->kind), strerror (cmd->err));
+      else
+        nbdkit_error ("file=%s: no connection to the server for "
+                      "retry-timeout: giving up", r->uri);
       cmd->err = EIO;
       done_push (r, cmd);
+    }
+    else if (cmd->retry_at_ns && now >= cmd->retry_at_ns &&
+             pick_conn (r) != NULL) {
+      *pp = cmd->next;
+      cmd->retry_at_ns = 0;
+      cmd->next = NULL;
+      issue (r, pick_conn (r), cmd);
     }
     else
       pp = &cmd->next;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A server's "not now" and its real errors.
-#  - ENOMEM on 10% of the server's writes (nbdkit error filter): the
-#    engine retries them (statistics: "eagain" counted, no error, nothing
-#    given up); fio's verify pass reads back everything it wrote, and no
+#  - ENOMEM on 10% of the server's writes and reads (nbdkit error
+#    filter): the engine retries the writes (statistics: "eagain"
+#    counted, no error, nothing given up), the plug's remote loop the
+#    reads; fio's verify pass reads back everything it wrote, and no
 #    error reaches the client.
 #  - EIO on every write while $tmp/inject exists: in writeback mode the
 #    writes are acknowledged and the next FLUSH fails with EIO; in hold
@@ -21,7 +22,7 @@ source "$srcdir/remote-lib.sh"
 
 # ---- ENOMEM: retried, invisible to the client ----
 srv_start enomem unix --filter=error memory 64M \
-          error=ENOMEM error-pwrite-rate=10%
+          error=ENOMEM error-pwrite-rate=10% error-pread-rate=10%
 srv_start plug1 unix "$PLUGIN" "file=${srv_uri[enomem]}" \
           statsfile="$tmp/enomem.json"
 for rw in randwrite write; do
@@ -31,10 +32,12 @@ for rw in randwrite write; do
 done
 srv_stop plug1
 srv_stop enomem
-injected=$(grep -c "injecting ENOMEM" "$tmp/enomem.log" || :)
+injected=$(grep -c "injecting ENOMEM error into pwrite" "$tmp/enomem.log" || :)
+reads=$(grep -c "injecting ENOMEM error into pread" "$tmp/enomem.log" || :)
 jq -c .retry "$tmp/enomem.json"
-echo "server injected ENOMEM $injected times"
+echo "server injected ENOMEM into $injected writes and $reads reads"
 [ "$injected" -gt 0 ]
+[ "$reads" -gt 0 ]
 [ "$(jq .retry.eagain "$tmp/enomem.json")" -ge "$injected" ]
 [ "$(jq .retry.errors "$tmp/enomem.json")" -eq 0 ]
 [ "$(jq .retry.gave_up "$tmp/enomem.json")" -eq 0 ]
