@@ -48,7 +48,7 @@ run ()
             statsfile="$tmp/$how.json"
   fio --name=seq --ioengine=nbd --uri="${srv_uri[plug-$how]}" \
       --rw=write --bs=4k --iodepth=16 --size=$size \
-      --verify=crc32c --output-format=terse > "$tmp/$how.fio"
+      --verify=crc32c --verify_state_save=0 --output-format=terse > "$tmp/$how.fio"
   srv_stop "plug-$how"
   srv_stop "r-$how"
   /usr/bin/python3 "$tmp/count.py" "$tmp/$how.log.txt" \
