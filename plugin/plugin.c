@@ -418,6 +418,7 @@ make_engine (void)
     .retry = cfg.retry,
     .log = engine_log,
     .debug_unplug = plug_debug_unplug,
+    .names = (const char *const *) files.ptr,
   };
 
   eng = engine_new (&ec);

@@ -23,6 +23,7 @@
 
 #include "engine.h"
 #include "minmax.h"
+#include "ratelimit.h"
 
 /* Acknowledged-but-unfinished mutations allowed per connection, as a
  * multiple of max-requests: zeros and trims carry no data, so max-bytes
@@ -39,9 +40,6 @@
  * else waiting, before the connection stops waiting for idle=.
  */
 #define LONE_STREAK 2
-
-/* One error line per backing file per this long; the rest are counted. */
-#define LOG_INTERVAL_NS 1000000000ULL
 
 #define container_of(ptr, type, member) \
   ((type *) ((char *) (ptr) - offsetof (type, member)))
@@ -67,8 +65,7 @@ struct eng_file {
   enum file_state state;
   uint64_t delay_until;
   struct retry_state retry;     /* Backoff of the queue. */
-  uint64_t log_ns;              /* Last error line. */
-  uint64_t log_suppressed;
+  struct ratelimit log;         /* Error lines about its runs. */
 };
 
 enum conn_state {
@@ -182,23 +179,26 @@ op_name (enum plug_op op)
   return "?";
 }
 
-/* An error line about a run, at most one per file per LOG_INTERVAL_NS. */
+/* An error line about a run, at most one per file per second. */
 static void
 log_run (struct engine *e, const struct eng_run *r, const char *what,
          int err, uint64_t now)
 {
   struct eng_file *f = &e->files[r->run->backing];
+  uint64_t suppressed;
 
-  if (f->log_ns != 0 && now - f->log_ns < LOG_INTERVAL_NS) {
-    f->log_suppressed++;
+  if (!ratelimit_allow (&f->log, now, &suppressed))
     return;
-  }
-  eng_log (e, 0, "file %" PRIu32 ": %s %s of %" PRIu64 " bytes at offset "
-           "%" PRIu64 ": %s (%" PRIu64 " similar messages suppressed)",
-           r->run->backing, what, op_name (r->run->op), r->run->count,
-           r->run->offset, strerror (err), f->log_suppressed);
-  f->log_ns = now ? now : 1;
-  f->log_suppressed = 0;
+  if (e->cfg.names)
+    eng_log (e, 0, "file=%s: %s %s of %" PRIu64 " bytes at offset %" PRIu64
+             ": %s (%" PRIu64 " similar messages suppressed)",
+             e->cfg.names[r->run->backing], what, op_name (r->run->op),
+             r->run->count, r->run->offset, strerror (err), suppressed);
+  else
+    eng_log (e, 0, "file %" PRIu32 ": %s %s of %" PRIu64 " bytes at offset "
+             "%" PRIu64 ": %s (%" PRIu64 " similar messages suppressed)",
+             r->run->backing, what, op_name (r->run->op), r->run->count,
+             r->run->offset, strerror (err), suppressed);
 }
 
 static void

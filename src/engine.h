@@ -114,6 +114,8 @@ struct eng_config {
   void (*log) (void *opaque, int level, const char *msg);
   void *log_opaque;
   bool debug_unplug;            /* Log every unplug at level 1. */
+  const char *const *names;     /* Borrowed: [nr_backings] file names for
+                                 * messages, or NULL. */
 };
 
 /* Engine-private state of an op: named, never a cluster of booleans. */
