@@ -179,26 +179,29 @@ op_name (enum plug_op op)
   return "?";
 }
 
-/* An error line about a run, at most one per file per second. */
+/* An error line about a run, at most one per file per second:
+ * "file=NAME: write of N bytes at offset O: WHAT: ERROR".
+ */
 static void
 log_run (struct engine *e, const struct eng_run *r, const char *what,
          int err, uint64_t now)
 {
   struct eng_file *f = &e->files[r->run->backing];
+  char name[32], more[64] = "";
   uint64_t suppressed;
 
   if (!ratelimit_allow (&f->log, now, &suppressed))
     return;
-  if (e->cfg.names)
-    eng_log (e, 0, "file=%s: %s %s of %" PRIu64 " bytes at offset %" PRIu64
-             ": %s (%" PRIu64 " similar messages suppressed)",
-             e->cfg.names[r->run->backing], what, op_name (r->run->op),
-             r->run->count, r->run->offset, strerror (err), suppressed);
-  else
-    eng_log (e, 0, "file %" PRIu32 ": %s %s of %" PRIu64 " bytes at offset "
-             "%" PRIu64 ": %s (%" PRIu64 " similar messages suppressed)",
-             r->run->backing, what, op_name (r->run->op), r->run->count,
-             r->run->offset, strerror (err), suppressed);
+  if (suppressed > 0)
+    snprintf (more, sizeof more, " (and %" PRIu64 " more since the last "
+              "message)", suppressed);
+  if (e->cfg.names == NULL)
+    snprintf (name, sizeof name, "#%" PRIu32, r->run->backing);
+  eng_log (e, 0, "file=%s: %s of %" PRIu64 " bytes at offset %" PRIu64
+           ": %s: %s%s",
+           e->cfg.names ? e->cfg.names[r->run->backing] : name,
+           op_name (r->run->op), r->run->count, r->run->offset, what,
+           strerror (err), more);
 }
 
 static void
@@ -1169,7 +1172,7 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
   deadline = eng_add_ns (r->first_fail_ns, e->cfg.retry.timeout_ns);
   if (now >= deadline) {
     STATS_ADD (r->conn->stats->gave_up, 1);
-    log_run (e, r, "giving up after retry-timeout:", EAGAIN, now);
+    log_run (e, r, "giving up after retry-timeout", EAGAIN, now);
     run_finish (e, r, EIO, now, out);
     return;
   }
@@ -1224,7 +1227,7 @@ engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
       err = ENOTSUP;            /* "Cannot be fast": an answer. */
     else {
       STATS_ADD (r->conn->stats->errors, 1);
-      log_run (e, r, "cannot", err, now);
+      log_run (e, r, "failed", err, now);
     }
     run_finish (e, r, err, now, out);
   }
@@ -1309,7 +1312,7 @@ fail_queued (struct engine *e, const struct eng_conn *c, uint64_t now,
       next = r->qnext;
       if (r->state == RUN_QUEUED && (c == NULL || r->conn == c)) {
         STATS_ADD (r->conn->stats->gave_up, 1);
-        log_run (e, r, "could not be written before the deadline:",
+        log_run (e, r, "not written within retry-timeout of the close",
                  ETIMEDOUT, now);
         run_finish (e, r, EIO, now, out);
       }
