@@ -48,7 +48,7 @@ request_error (const char *what)
   }
   errno = err;
   if (allow && suppressed > 0)
-    nbdkit_error ("%s: %m (%" PRIu64 " similar messages suppressed)",
+    nbdkit_error ("%s: %m (and %" PRIu64 " more since the last message)",
                   what, suppressed);
   else if (allow)
     nbdkit_error ("%s: %m", what);
