@@ -1034,7 +1034,10 @@ submit_flush (struct engine *e, struct eng_conn *c, struct eng_op *op,
   check_waiters (e, now, out);
 }
 
-/* Must read op wait?  Unplugs what it overlaps first. */
+/* Must read op wait?  Yes while a mutation admitted before it and
+ * overlapping it is unfinished: queued or in flight, or still held (its
+ * plug could not be unplugged for lack of memory).
+ */
 static bool
 read_blocked (const struct engine *e, const struct eng_op *op)
 {
@@ -1043,7 +1046,8 @@ read_blocked (const struct engine *e, const struct eng_op *op)
   for (i = 0; i < op->nr_pieces; ++i) {
     const struct plug_req *p = &op->pieces[i];
 
-    if (queue_overlaps (e, p->backing, p->offset, p->count, op->horizon))
+    if (queue_overlaps (e, p->backing, p->offset, p->count, op->horizon) ||
+        held_anywhere (e, p))
       return true;
   }
   return false;
