@@ -639,6 +639,30 @@ held_anywhere (const struct engine *e, const struct plug_req *p)
   return false;
 }
 
+/* Is data admitted at or before max_seq and overlapping p held in a
+ * plug?  (Newer held data never makes a read wait: it could starve.)
+ */
+static bool
+held_before (const struct engine *e, const struct plug_req *p,
+             uint64_t max_seq)
+{
+  const struct eng_conn *c;
+  size_t i;
+
+  for (c = e->conns; c != NULL; c = c->next) {
+    if (!plug_conflicts (&c->plug, p))
+      continue;
+    for (i = 0; i < c->plug.reqs.len; ++i) {
+      const struct plug_req *h = c->plug.reqs.ptr[i];
+
+      if (h->seq <= max_seq && h->backing == p->backing &&
+          ranges_overlap (h->offset, h->count, p->offset, p->count))
+        return true;
+    }
+  }
+  return false;
+}
+
 /* NO OVERLAP IN PLUGS: unplug every plug that holds data overlapping p,
  * before p is held or read.
  */
@@ -1047,7 +1071,7 @@ read_blocked (const struct engine *e, const struct eng_op *op)
     const struct plug_req *p = &op->pieces[i];
 
     if (queue_overlaps (e, p->backing, p->offset, p->count, op->horizon) ||
-        held_anywhere (e, p))
+        held_before (e, p, op->horizon))
       return true;
   }
   return false;
