@@ -117,7 +117,7 @@ for mode in writeback hold; do
   done
   rc=0
   for p in "${pids[@]}"; do wait $p || rc=1; done
-  [ $rc -eq 0 ] || fail "$mode: a client failed"
+  [ $rc -eq 0 ] || { server_running $mode; fail "$mode: a client failed"; }
   stop_server $mode
   grep -iE 'drop|error' "$(server_log $mode)" | head -10 || :
   /usr/bin/python3 -c 'import json, sys
