@@ -103,6 +103,8 @@ if lost:
     sys.exit("%d blocks lost an acknowledged write" % len(lost))
 EOF
 
+kill_quietly () { kill -KILL "$@" 2>/dev/null || :; }
+
 failed=()
 for mode in writeback hold; do
   img=$tmp/$mode.img
@@ -114,6 +116,7 @@ for mode in writeback hold; do
     timeout 120 /usr/bin/python3 "$tmp/client.py" "$(server_uri $mode)" $c 16 \
             "$tmp/$mode.log$c" &
     pids+=($!)
+    cleanup_fn kill_quietly $!
   done
   rc=0
   for p in "${pids[@]}"; do wait $p || rc=1; done

@@ -50,14 +50,14 @@ for i in range(4):
                  completion=note("X write %d" % i))
 while x.aio_get_direction() & nbd.AIO_DIRECTION_WRITE:
     x.poll(-1)                  # Until all 4 are sent.
-time.sleep(0.2)                 # Let the server take them (held 1 s).
+time.sleep(0.1)                 # Let the server take them (held 1 s).
 if case == "flush":
     y.aio_flush(completion=note("Y flush"))
 else:
     y.aio_pwrite(nbd.Buffer.from_bytearray(bytearray(b"Y" * 4096)), 8 * K,
                  completion=note("Y FUA write"), flags=nbd.CMD_FLAG_FUA)
 y.poll(0)
-time.sleep(0.2)                 # Let the server take Y's request first.
+time.sleep(0.1)                 # Let the server take Y's request first.
 z = nbd.NBD()
 z.aio_connect_uri(uri)
 z_ready = False
