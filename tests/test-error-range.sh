@@ -33,7 +33,7 @@ requires test -x /usr/bin/python3
 requires /usr/bin/python3 -c 'import nbd'
 requires nbdkit --version
 test -f "$PLUGIN"
-: "${SHIM_PWRITEV:=$abs_top_builddir/tests/.libs/shim-pwritev.so}"
+# SHIM_PWRITEV: see functions.sh
 test -f "$SHIM_PWRITEV" || fail "$SHIM_PWRITEV not built"
 
 plug_tmpdir
