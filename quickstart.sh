@@ -12,18 +12,21 @@ set -euo pipefail
 
 cd "$(dirname "$0")"
 top=$(pwd)
-# A pyenv (or other) python3 earlier in PATH breaks nbdsh.
-export PATH=/usr/bin:/usr/sbin:$PATH
+# sbin for the tools the guest tests use.  PATH is otherwise the caller's:
+# a locally built nbdkit first in PATH is the one "check" tests (the
+# tests run python and nbdsh with /usr/bin/python3 themselves).
+export PATH=$PATH:/usr/sbin:/sbin
 
 # Build and runtime needs.
 BUILD_PKGS="gcc make autoconf automake libtool pkg-config perl
   nbdkit nbdkit-plugin-dev libnbd-dev libev-dev"
 # What the tests drive the plugin with: nbdsh, qemu (host client and the
 # guest used for the kernel nbd driver), nbd-client, e2fsprogs, strace,
-# valgrind.  The guest kernel and busybox are downloaded by the tests
-# themselves (apt-get download, never installed).
+# valgrind, gdb (tells a sanitizer build's known hang in a library
+# destructor at exit from a real one).  The guest kernel and busybox are
+# downloaded by the tests themselves (apt-get download, never installed).
 TEST_PKGS="libnbd-bin python3-libnbd qemu-utils qemu-system-x86 nbd-client
-  e2fsprogs strace valgrind ca-certificates jq"
+  e2fsprogs strace valgrind gdb ca-certificates jq"
 
 install_missing ()
 {

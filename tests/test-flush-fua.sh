@@ -14,8 +14,7 @@ set -e
 set -x
 
 requires nbdkit --version
-requires nbdsh --version
-requires python3 --version
+requires nbdsh_sys --version
 plug_tmpdir
 
 export tmp
@@ -29,9 +28,9 @@ for mode in writeback hold; do
   truncate -s 1M "$tmp/$mode-1.img"
   export mode
 
-  nbdkit -U - "$PLUGIN" "$tmp/$mode-0.img" "$tmp/$mode-1.img" \
-         mode=$mode "${params[@]}" \
-         --run 'nbdsh -u "$uri" -c -' <<'EOF'
+  start_plug $mode "$tmp/$mode-0.img" "$tmp/$mode-1.img" \
+             mode=$mode "${params[@]}"
+  nbdsh_sys -u "$(server_uri $mode)" -c - <<'EOF'
 import os, time
 K = 1024
 M = 1024 * K
@@ -84,4 +83,5 @@ timed("flush", h.flush)
 for fd in fds:
     os.close(fd)
 EOF
+  stop_server $mode
 done
