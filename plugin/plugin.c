@@ -331,6 +331,15 @@ plugin_config (const char *key, const char *value)
     return parse_duration_param (key, value, &cfg.retry.max_delay_ns);
   else if (strcmp (key, "retry-timeout") == 0)
     return parse_duration_param (key, value, &cfg.retry.timeout_ns);
+  else if (strcmp (key, "shared") == 0) {
+    int r = nbdkit_parse_bool (value);
+
+    if (r == -1) {
+      nbdkit_error ("shared=%s: expected a boolean such as yes or no", value);
+      return -1;
+    }
+    cfg.shared = r;
+  }
   else if (strcmp (key, "statsfile") == 0) {
     /* The file need not exist yet: make the directory absolute. */
     free (statsfile);
@@ -443,6 +452,7 @@ plugin_dump_plugin (void)
   printf ("plug_retry_delay_default=3ms\n");
   printf ("plug_retry_max_delay_default=100ms\n");
   printf ("plug_retry_timeout_default=10s\n");
+  printf ("plug_shared_default=no\n");
   printf ("plug_libev=%d.%d\n", ev_version_major (), ev_version_minor ());
 }
 
@@ -665,6 +675,7 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   "retry-delay=DURATION    First retry after EAGAIN/ENOMEM (3ms).\n" \
   "retry-max-delay=DURATION Backoff cap (100ms).\n" \
   "retry-timeout=DURATION  Give up with EIO after this long (10s).\n" \
+  "shared=BOOL             Do not lock the files against other processes (no).\n" \
   "statsfile=PATH          Write JSON statistics here."
 
 static struct nbdkit_plugin plugin = {

@@ -33,6 +33,7 @@ struct config {
   bool direct;                  /* direct=auto: unmergeable requests skip
                                  * the plug (conn.c, direct path). */
   struct retry_policy retry;
+  bool shared;                  /* shared=yes: no lock on the files. */
   const char *statsfile;        /* Owned (nbdkit_realpath-like copy). */
 };
 
