@@ -48,12 +48,12 @@ NBDKIT_DLL_PUBLIC int plug_debug_inject_eagain;
  */
 NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
 
-/* Defaults.  Each is explained in the man page, with its measurement. */
+/* Defaults.  The man page explains each (NOTES, "Choice of defaults"). */
 #define DEFAULT_IDLE_NS           1000000ULL    /* 1 ms */
 #define DEFAULT_MAX_DELAY_NS     10000000ULL    /* 10 ms */
 /* Both modes.  In hold mode the "parked" trigger, not this limit, keeps
- * a plug from waiting for a request no free thread can read (see the
- * man page for the measurement that replaced the old 15).
+ * a plug from waiting for a request no free thread can read (the man
+ * page's "Choice of defaults" has the measurement).
  */
 #define DEFAULT_MAX_REQUESTS           256
 #define DEFAULT_MAX_BYTES         (4 * 1024 * 1024)
