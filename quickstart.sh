@@ -124,7 +124,7 @@ serve ()
   # plug holds), then exit with the plug server's status.  nbdkit does
   # not remove its socket or pid file.
   pids=()
-  trap 'kill -TERM "${pids[@]}" 2>/dev/null || :' INT TERM
+  trap 'interrupted=1; kill -TERM "${pids[@]}" 2>/dev/null || :' INT TERM
   trap 'kill -TERM "${pids[@]}" 2>/dev/null || :
         rm -f "$top/work/nbdkit.pid" "$top/work/proxy.pid"
         [ "$listen" = tcp ] || rm -f "$sock"' EXIT
@@ -168,13 +168,13 @@ serve ()
   echo "Extra arguments are passed to the plugin (e.g. mode=hold idle=3ms)."
   echo "Stop with Ctrl-C."
 
-  # Until the server exits, or a signal (the trap stops it, then wait
-  # again for its status).
-  rc=0
-  wait "$server" || rc=$?
-  while [ $rc -gt 128 ] && kill -0 "$server" 2>/dev/null; do
+  # Until the server exits.  A signal interrupts the wait (status > 128)
+  # after the trap has stopped the server: wait again for its status.
+  while :; do
+    interrupted=0
     rc=0
     wait "$server" || rc=$?
+    [ $rc -gt 128 ] && [ $interrupted = 1 ] || break
   done
   if [ "$listen" = both ]; then
     kill -TERM "$proxy" 2>/dev/null || :

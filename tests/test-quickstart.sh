@@ -8,8 +8,8 @@
 # run builds it.  For each of --port=N (TCP only, the default's form on
 # a free port), --unix and --both: every printed address answers with
 # the image's size; only one process has work/disk.img open (fuser and
-# /proc/*/fd agree), and it is the plug server; with --both a write
-# through the socket reads back through TCP (one process, one cache).
+# /proc/*/fd agree), and it is the plug server; with --both a flushed
+# write through the socket reads back through TCP and the other way.
 # SIGTERM to quickstart.sh stops its servers: it exits 0 (the plug
 # server's status), and leaves no process, socket or pid file.
 source ./functions.sh
@@ -101,6 +101,7 @@ a.connect_unix(sys.argv[1])
 b = nbd.NBD()
 b.connect_tcp("127.0.0.1", sys.argv[2])
 a.pwrite(b"Q" * 4096, 65536)
+a.flush()                       # Each connection has its own plug.
 assert b.pread(4096, 65536) == b"Q" * 4096, "TCP does not see the write"
 b.pwrite(b"R" * 4096, 65536)
 b.flush()
