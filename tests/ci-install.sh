@@ -64,7 +64,8 @@ if [ -z "$plugindir" ]; then
   exit 2
 fi
 if [ -e "$plugindir/nbdkit-plug-plugin.so" ] ||
-   dpkg-query -W nbdkit-plugin-plug >/dev/null 2>&1; then
+   dpkg-query -W -f='${Status}' nbdkit-plugin-plug 2>/dev/null |
+     grep -q 'ok installed'; then
   echo "ci-install: the plugin is already installed; not touching it" >&2
   exit 2
 fi
