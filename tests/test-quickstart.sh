@@ -54,8 +54,11 @@ img=$copy/work/disk.img
 # for its banner, check the addresses and the owner of the image, stop it.
 run ()
 {
-  local qs out=$tmp/qs.out i pids owners uris u size server rc=0 dog
+  local qs out i pids owners uris u size server rc=0 dog
 
+  # A new file each run: the wait below must not see the last banner.
+  runs=$((runs + 1))
+  out=$tmp/qs-$runs.out
   setsid "$copy/quickstart.sh" "$@" > "$out" 2>&1 &
   qs=$!
   cleanup_fn kill -KILL -- -$qs
@@ -130,6 +133,7 @@ EOF
   test ! -e "$copy/work/proxy.pid"
 }
 
+runs=0
 run --port=$port
 run --unix
 run --both --port=$port
