@@ -33,7 +33,7 @@ add ()
   [ -f "$f" ] && [ ! -L "$f" ] || return 0
   st=$(style "$f")
   [ "$st" != none ] || return 0
-  if head -n 10 "$f" | grep -q 'SPDX-License-Identifier'; then
+  if head -n 10 "$f" | grep -q 'SPDX-License-Identifier:'; then
     return 0
   fi
   tmp=$(mktemp "$f.XXXXXX")
