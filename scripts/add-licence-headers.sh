@@ -6,9 +6,9 @@
 # SPDX-License-Identifier in its first 10 lines is left alone, so it can
 # be rerun after a merge.
 #
-# Comment style by name: .c .h .syms /* */; .pod =begin comment;
-# .am .ac .mk .sh .in and any other file starting with #! (after that
-# line) #.  Other files (Markdown, debian/control, ...) are skipped.
+# Comment style by name: .c .h /* */; .pod =begin comment; .am .ac
+# .mk .sh .in .syms (ld version scripts take #) and any other file
+# starting with #! (after that line) #.  Other files (Markdown, debian/control, ...) are skipped.
 set -euo pipefail
 
 cd "$(git rev-parse --show-toplevel)"
@@ -18,9 +18,9 @@ copyright="Copyright the nbdplug authors (see LICENSE)."
 style ()
 {
   case $1 in
-    *.h.in|*.c|*.h|*.syms) echo c ;;
+    *.h.in|*.c|*.h) echo c ;;
     *.pod) echo pod ;;
-    *.am|*.ac|*.mk|*.sh|*.in) echo hash ;;
+    *.am|*.ac|*.mk|*.sh|*.in|*.syms) echo hash ;;
     *)
       if [ "$(head -c 2 "$1")" = '#!' ]; then echo hash; else echo none; fi
       ;;
