@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # quickstart.sh: install what is missing, build, and serve or test.
 #
 #   ./quickstart.sh [serve] [--port=N | --unix | --both] [PARAM=VALUE...]

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* backing.c: I/O on one backing file.  See backing.h. */
 
 #include <config.h>

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* backing.h: one backing file (regular file or block device).
  *
  * The backing files are global: every connection's loop thread writes

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* conn.h: one client connection: its plug, its loop thread, and the
  * queue between nbdkit's worker threads and that loop.
  *

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* iopool.h: the threads that issue runs to the backing files.
  *
  * A connection's loop thread decides what to write and in which order;

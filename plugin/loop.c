@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* loop.c: the connection's loop thread: plug, unplug, dispatch, retry.
  *
  * Everything here runs in the loop thread of one connection, the only

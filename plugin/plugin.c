@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* plugin.c: nbdkit glue: parameters, global state, callbacks.
  *
  * The callbacks are thin: reads, flushes and writes go to conn.c, which

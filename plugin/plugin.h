@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* plugin.h: the plugin's global state, shared by plugin.c, conn.c,
  * loop.c and backing.c.
  *

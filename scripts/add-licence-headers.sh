@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # scripts/add-licence-headers.sh [FILE...]: give every source file that
 # lacks it the short licence header (SPDX identifier and copyright line,
 # see LICENSE).  Without FILEs: git's tracked files and the untracked

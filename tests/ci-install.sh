@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # tests/ci-install.sh [LOGDIR] - CI: nbdplug installed the ways a user
 # installs it, and served by its short name.
 #

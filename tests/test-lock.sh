@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-lock.sh - one process may serve a backing file for writing.
 #
 # While one nbdkit plug serves a file, a second one on the same file is

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-quickstart.sh - the quick start's serve command, started in the
 # background on a fresh copy of the source tree, serves the image from
 # one process at the addresses it prints.
