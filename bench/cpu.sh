@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # shellcheck disable=SC2059 # printf formats are shared variables.
 # bench/cpu.sh: server CPU per request and throughput, the plug against
 # `nbdkit file`, in one run, on tmpfs, with fio's nbd engine.

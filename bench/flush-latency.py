@@ -1,4 +1,7 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 """bench/flush-latency.py: FLUSH latency under a sustained writer.
 
     flush-latency.py URI [--seconds S] [--qd N] [--bs BYTES]

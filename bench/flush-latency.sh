@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # shellcheck disable=SC2059 # printf formats are shared variables.
 # bench/flush-latency.sh: FLUSH latency with a sustained writer (issue 8,
 # item 2), the plug against nbdkit file + delay filter, in one run.

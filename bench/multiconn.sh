@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # shellcheck disable=SC2059 # printf formats are shared variables.
 # bench/multiconn.sh: 4 connections against 1 at the same total queue
 # depth (issue 9), plug writeback and nbdkit file, on tmpfs, with fio.

@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # shellcheck shell=bash disable=SC2154,SC2034 # $tmp is lib.sh's; server_uri is for the scripts.
 # bench/server-lib.sh: background nbdkit servers for cpu.sh,
 # flush-latency.sh and multiconn.sh.  Sourced after lib.sh (which makes

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* backing.h: one backing file (regular file or block device).
  *
  * The backing files are global: I/O pool threads and nbdkit workers
@@ -32,7 +36,9 @@ struct backing {
 };
 
 /* Open the file (O_RDWR, or O_RDONLY if it cannot be written) and find
- * its size.  Returns 0, or -1 after nbdkit_error naming the file.
+ * its size.  Opened read-write, the file is locked against other
+ * processes (refused if one holds a lock on it) unless shared=yes.
+ * Returns 0, or -1 after nbdkit_error naming the file.
  */
 extern int backing_open (struct backing *b, const char *name);
 extern void backing_close (struct backing *b);

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* conn.c: connection lifecycle and the worker-thread side.  See conn.h.
  *
  * Worker threads (nbdkit's) build a request, make one engine call under

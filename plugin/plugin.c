@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* plugin.c: nbdkit glue: parameters, global state, callbacks.
  *
  * The callbacks are thin: reads, flushes and writes go to conn.c, which
@@ -51,12 +55,12 @@ NBDKIT_DLL_PUBLIC int plug_debug_inject_eagain;
  */
 NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
 
-/* Defaults.  Each is explained in the man page, with its measurement. */
+/* Defaults.  The man page explains each (NOTES, "Choice of defaults"). */
 #define DEFAULT_IDLE_NS           1000000ULL    /* 1 ms */
 #define DEFAULT_MAX_DELAY_NS     10000000ULL    /* 10 ms */
 /* Both modes.  In hold mode the "parked" trigger, not this limit, keeps
- * a plug from waiting for a request no free thread can read (see the
- * man page for the measurement that replaced the old 15).
+ * a plug from waiting for a request no free thread can read (the man
+ * page's "Choice of defaults" has the measurement).
  */
 #define DEFAULT_MAX_REQUESTS           256
 #define DEFAULT_MAX_BYTES         (4 * 1024 * 1024)
@@ -354,6 +358,15 @@ plugin_config (const char *key, const char *value)
     return parse_duration_param (key, value, &cfg.retry.max_delay_ns);
   else if (strcmp (key, "retry-timeout") == 0)
     return parse_duration_param (key, value, &cfg.retry.timeout_ns);
+  else if (strcmp (key, "shared") == 0) {
+    int r = nbdkit_parse_bool (value);
+
+    if (r == -1) {
+      nbdkit_error ("shared=%s: expected a boolean such as yes or no", value);
+      return -1;
+    }
+    cfg.shared = r;
+  }
   else if (strcmp (key, "statsfile") == 0) {
     /* The file need not exist yet: make the directory absolute. */
     free (statsfile);
@@ -512,6 +525,7 @@ plugin_dump_plugin (void)
   printf ("plug_retry_delay_default=3ms\n");
   printf ("plug_retry_max_delay_default=100ms\n");
   printf ("plug_retry_timeout_default=10s\n");
+  printf ("plug_shared_default=no\n");
   printf ("plug_libev=%d.%d\n", ev_version_major (), ev_version_minor ());
 }
 
@@ -736,6 +750,7 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   "retry-delay=DURATION    First retry after EAGAIN/ENOMEM (3ms).\n" \
   "retry-max-delay=DURATION Backoff cap (100ms).\n" \
   "retry-timeout=DURATION  Give up with EIO after this long (10s).\n" \
+  "shared=BOOL             Do not lock the files against other processes (no).\n" \
   "statsfile=PATH          Write JSON statistics here."
 
 static struct nbdkit_plugin plugin = {

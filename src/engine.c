@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* engine.c: the export's state machine.  See engine.h for the rules.
  *
  * The kernel's words: conn_unplug() is blk_flush_plug, queue_dispatch()

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* engine.h: the export's state machine (pure: no threads, no clock, no
  * syscalls, no nbdkit, libev or libnbd).
  *

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* plug.h: the per-connection plug (pure: no nbdkit, libnbd or libev).
  *
  * The kernel's struct blk_plug, for NBD.  A plug collects the requests

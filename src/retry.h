@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* retry.h: what to do when a backend says "not now" (pure).
  *
  * The kernel's answer to a driver out of resources is to requeue the

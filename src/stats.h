@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* stats.h: counters of what clients asked and what backends did (pure).
  *
  * One struct plug_stats per connection plus one global total.  Client

@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Shared logic of the model tests (tests/test-model-*.sh).  Source it after
 # functions.sh:
 #

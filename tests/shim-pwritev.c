@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* shim-pwritev.so: an LD_PRELOAD shim for the tests that makes writes
  * to one range of one file fail, as a disk that is full (or broken)
  * there would.

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-bad-params.sh - every bad parameter stops nbdkit before it serves,
 # with an error that names the parameter or the file.
 #

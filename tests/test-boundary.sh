@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-boundary.sh - data round-trips across backing-file boundaries.
 #
 # Three files of odd sizes are concatenated.  Writes that span two and

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Connection churn with runs in flight: 64 connections (4 clients, 16
 # connections each, one after another) open, write, and go away while
 # their writes are held or being written: -D plug.backend_delay_us=2000

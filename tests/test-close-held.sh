@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Acknowledged writes are never dropped at a clean disconnect or at a
 # graceful server exit (writeback mode: a reply means "we have it"; only
 # SIGKILL or power loss may lose what no FLUSH covered).  Each case

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Waiting for a backend that says "not now" costs no CPU: hold mode,
 # -D plug.inject_eagain=1 (every backend write fails with EAGAIN),
 # retry-timeout=3s retry-max-delay=100ms, one write.  Over the ~3 s the

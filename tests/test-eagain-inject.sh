@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Backend "not now" (EAGAIN) is retried, never lost: with
 # -D plug.inject_eagain=N (every Nth backend write fails with EAGAIN) for
 # N = 2, 7, 50, in both modes, a workload of random writes, reads and

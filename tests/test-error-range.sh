@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # An error belongs to the run that got it: one failing range of a file
 # does not poison the rest of it, and failing writes keep memory and the
 # log bounded.  tests/shim-pwritev.so (LD_PRELOAD into nbdkit only)

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-extents.sh - block status reports the holes of sparse backing
 # files, and never reports held data as a hole.
 #

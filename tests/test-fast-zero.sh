@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-fast-zero.sh - a fast zero (NBD_CMD_FLAG_FAST_ZERO) either zeroes
 # or fails with ENOTSUP, and the server keeps serving.
 #

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Writeback mode with idle=10s max-delay=60s, so nothing leaves the plug
 # by itself during the test.  Reading the backing file directly (not
 # through the server) while the server runs:

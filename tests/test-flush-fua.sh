@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-flush-fua.sh - after a FLUSH or FUA reply the data is in the
 # backing file, in both modes.
 #

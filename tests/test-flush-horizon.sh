@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # A FLUSH covers the writes replied to before it, nothing more: it must
 # not wait for writes that arrived after it.  Against a slow backend
 # (-D plug.backend_delay_us=100000: every backend write takes 0.1 s more)

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # A backend that never recovers: -D plug.inject_eagain=1 makes every
 # backend write fail with EAGAIN; retry-timeout=300ms.
 #  - hold mode: the write fails with EIO after about retry-timeout, and

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Hold mode: a FLUSH or a FUA write on one connection does not wait for
 # another connection's unreplied writes, and above all does not make new
 # clients wait for them.  In hold mode a reply already means "written",

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # The plug's limits, with idle=10s max-delay=60s so that no timer
 # unplugs (writeback mode: a write's reply does not wait for an unplug):
 #  - max-requests=8 unplugs at 8 held requests;

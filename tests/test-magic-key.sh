@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-magic-key.sh - a bare path is file=, and relative paths work.
 #
 # nbdkit changes directory to / when it forks into the background, so

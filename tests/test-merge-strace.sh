@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Merging, measured outside the plugin: 4096 sequential 4 KiB writes at
 # queue depth 16 reach the backing file as at least 8x fewer write
 # system calls (strace -c) in writeback mode (the default) and at least

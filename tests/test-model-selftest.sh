@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # model-test itself: passes against nbdkit's memory plugin, and reports
 # mismatches against the null plugin (which discards writes) and when
 # --self-test corrupts its reference.  Needs no plug plugin.

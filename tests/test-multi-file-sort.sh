@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # One plug holding writes for several backing files dispatches per file,
 # sorted and merged: three concatenated 256K files, the first 64K of
 # each filled by 4K writes in shuffled order (interleaved across the

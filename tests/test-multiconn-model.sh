@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # The model test across connections (issue 9): 4 and 8 connections,
 # writeback and hold, concat and stripe layouts, with --cross-reads (half
 # of the reads target other connections' chunks, checked whenever the

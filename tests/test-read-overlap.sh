@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Read-your-writes in writeback mode with idle=10s max-delay=60s: a read
 # overlapping held data on the same connection returns the new data at
 # once (it unplugs: unplugs.read >= 1), while a read that does not

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # A real resource shortage, no injection: max-inflight=1 (one backend
 # I/O at a time on the file, all connections together) and 4 client
 # processes writing at once, each to its own 1 MiB region.  Dispatch

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # SIGTERM with requests held in the plug: the server exits within 1 s
 # (idle=10s max-delay=60s, so the timers would not get them out) with
 # status 0, the data a FLUSH acknowledged is in the backing file, and so

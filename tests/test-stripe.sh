@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-stripe.sh - stripe=64k: data round-trips across stripe units and
 # lands in the right file.
 #

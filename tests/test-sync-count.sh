@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Durability that a test can catch: a FLUSH and a FUA write make the
 # plugin sync the backing file, after the data reached it, before the
 # reply.  Seen two ways, so that neither a sync that is only counted nor

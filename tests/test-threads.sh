@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # No deadlock when the client has more requests in flight than nbdkit
 # has worker threads: with -t 1, 2 and 4, bursts of 64 in-flight writes
 # (then reads and a flush) complete, in hold mode (every worker waits in

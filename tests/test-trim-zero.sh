@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-trim-zero.sh - trim and zero (with and without NO_HOLE) across
 # backing-file boundaries read back as zeroes.
 #

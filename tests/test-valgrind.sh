@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # The plugin and the core run clean under valgrind memcheck: the unit
 # tests of src/, then nbdkit with the plugin in both modes under a random
 # model workload (reads, writes, zeros, trims, flushes, FUA, several

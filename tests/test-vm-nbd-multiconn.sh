@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-vm-nbd-multiconn.sh - the Linux kernel NBD client with 4
 # connections per device ("nbd-client -C 4") against the plug in its
 # default mode (writeback), in a guest (issue 9).

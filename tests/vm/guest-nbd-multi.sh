@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # tests/vm/guest-nbd-multi.sh - guest scenario of
 # tests/test-vm-nbd-multiconn.sh (sourced by guest-init.sh).  The plug in
 # its default mode (writeback, no mode= given) serves two files in the

@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # tests/vm/serve-lib.sh - start and stop nbdkit with the plugin under test on
 # the host.  Sourced by tests/test-qemu-img.sh and tests/test-vm-*.sh after
 # ./functions.sh.  Bash.
