@@ -71,10 +71,13 @@ NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
  * the parallelism a plain file plugin has.
  */
 #define DEFAULT_IO_THREADS             16
-/* Requests at least this large are written at once (no copy): merging
- * them saves little (see the man page for the measurement).
+/* Requests at least this large are written at once (no copy): a request
+ * as large as the largest run (max-merge's default) cannot become part
+ * of a larger one.  Smaller values save the copy of large requests on a
+ * local file but give up merging them in front of a slow backend (the
+ * kernel's nbd driver sends 64-128 KiB requests).
  */
-#define DEFAULT_DIRECT_SIZE      (64 * 1024)
+#define DEFAULT_DIRECT_SIZE      (1024 * 1024)
 /* blk-mq's BLK_MQ_RESOURCE_DELAY: rerun the queue 3 ms later. */
 #define DEFAULT_RETRY_DELAY_NS    3000000ULL
 #define DEFAULT_RETRY_MAX_DELAY_NS 100000000ULL  /* 100 ms */
@@ -746,7 +749,7 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   "max-inflight=N          Backend I/Os in flight per file, all connections (64).\n" \
   "io-threads=N            Threads issuing backend I/O, all connections (16).\n" \
   "direct=auto|never       Write what cannot merge at once, unplugged (auto).\n" \
-  "direct-size=SIZE        With direct=auto, also requests this large (64k; 0: off).\n" \
+  "direct-size=SIZE        With direct=auto, also requests this large (1M; 0: off).\n" \
   "retry-delay=DURATION    First retry after EAGAIN/ENOMEM (3ms).\n" \
   "retry-max-delay=DURATION Backoff cap (100ms).\n" \
   "retry-timeout=DURATION  Give up with EIO after this long (10s).\n" \
