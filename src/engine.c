@@ -52,6 +52,15 @@ struct op_list {
   struct eng_op *head, *tail;
 };
 
+/* A deferred error: acknowledged writes in [lo, hi] (sequence numbers)
+ * failed for good with err.  A FLUSH whose horizon reaches lo reports
+ * it; failures after that horizon stay for the next FLUSH.
+ */
+struct deferred {
+  int err;                      /* 0: none. */
+  uint64_t lo, hi;
+};
+
 /* A backing file's dispatch queue (the blk-mq hardware queue). */
 enum file_state {
   FILE_RUNNING,                 /* Dispatch whenever a slot is free. */
@@ -107,12 +116,8 @@ struct eng_conn {
   struct eng_op *close_op;
   uint64_t close_deadline_ns;
 
-  /* The deferred error: a write acknowledged to some client failed for
-   * good.  The next FLUSH whose horizon reaches deferred_lo reports it;
-   * failures after that FLUSH's horizon stay for the next one.
-   */
-  int deferred_err;
-  uint64_t deferred_lo, deferred_hi;
+  struct deferred deferred;     /* What this connection's next FLUSH
+                                 * reports. */
   int last_err;                 /* Last failure, for refused writers. */
 
   uint64_t recent_start[NR_RECENT], recent_end[NR_RECENT];
@@ -140,6 +145,9 @@ struct engine {
   uint64_t lost;
   size_t run_prefix;
   uint64_t mem_bound;           /* Copied bytes per connection. */
+  struct deferred deferred;     /* Not yet reported by any FLUSH: a
+                                 * connection opened later inherits it
+                                 * (its FLUSH covers those writes too). */
 };
 
 static void conn_unplug (struct engine *e, struct eng_conn *c,
@@ -378,6 +386,7 @@ engine_conn_open (struct engine *e, struct plug_stats *stats)
   }
   c->e = e;
   c->stats = stats;
+  c->deferred = e->deferred;
   for (i = 0; i < NR_RECENT; ++i)
     c->recent_start[i] = c->recent_end[i] = UINT64_MAX;
   c->next = e->conns;
@@ -430,40 +439,58 @@ unf_remove (struct engine *e, struct eng_op *op)
   op->unf_prev = op->unf_next = NULL;
 }
 
+static void
+deferred_add (struct deferred *d, int err, uint64_t seq)
+{
+  if (d->err == 0) {
+    d->err = err;
+    d->lo = d->hi = seq;
+  }
+  else {
+    d->lo = MIN (d->lo, seq);
+    d->hi = MAX (d->hi, seq);
+  }
+}
+
+/* The error a FLUSH with this horizon reports, consuming what it covers. */
+static int
+deferred_take (struct deferred *d, uint64_t horizon)
+{
+  int err = d->err;
+
+  if (err == 0 || d->lo > horizon)
+    return 0;
+  if (d->hi <= horizon)
+    d->err = 0;
+  else
+    d->lo = horizon + 1;
+  return err;
+}
+
 /* Every connection may rely on a FLUSH covering the write that failed
- * (multi-conn), so every connection's next FLUSH reports it.
+ * (multi-conn), so every connection's next FLUSH reports it, and so does
+ * the first FLUSH of a connection opened before any FLUSH reported it.
  */
 static void
 defer_error (struct engine *e, int err, uint64_t seq)
 {
   struct eng_conn *c;
 
+  deferred_add (&e->deferred, err, seq);
   for (c = e->conns; c != NULL; c = c->next) {
-    if (c->deferred_err == 0) {
-      c->deferred_err = err;
-      c->deferred_lo = c->deferred_hi = seq;
-    }
-    else {
-      c->deferred_lo = MIN (c->deferred_lo, seq);
-      c->deferred_hi = MAX (c->deferred_hi, seq);
-    }
+    deferred_add (&c->deferred, err, seq);
     c->last_err = err;
   }
 }
 
-/* The error a FLUSH with this horizon reports, consuming what it covers. */
+/* The error c's FLUSH with this horizon reports. */
 static int
-take_deferred (struct eng_conn *c, uint64_t horizon)
+take_deferred (struct engine *e, struct eng_conn *c, uint64_t horizon)
 {
-  int err = c->deferred_err;
+  int err = deferred_take (&c->deferred, horizon);
+  int any = deferred_take (&e->deferred, horizon);
 
-  if (err == 0 || c->deferred_lo > horizon)
-    return 0;
-  if (c->deferred_hi <= horizon)
-    c->deferred_err = 0;
-  else
-    c->deferred_lo = horizon + 1;
-  return err;
+  return err ? err : any;
 }
 
 /* ---- finishing ---- */
@@ -990,7 +1017,12 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
   if (op->flags & ENG_F_FAST) {
     op->reply_pending = true;
     c->nr_waiting++;
-    if (!can_issue_now (e, op) || issue_alone (e, c, op, now, out) == -1) {
+    /* Across files, a piece could be zeroed while another one cannot
+     * be fast: "SHOULD NOT alter the contents ... when returning
+     * NBD_ENOTSUP".  Only a fast zero inside one file is tried.
+     */
+    if (op->nr_pieces > 1 || !can_issue_now (e, op) ||
+        issue_alone (e, c, op, now, out) == -1) {
       op_answer (op, ENOTSUP, out);
       op_release (op, out);
     }
@@ -1191,6 +1223,86 @@ engine_conn_set_workers (struct engine *e, struct eng_conn *c, unsigned n,
 
 /* ---- completion ---- */
 
+/* A run completed: the backend makes progress, so a close or exit that
+ * waits for its data gets retry-timeout from now.  Only a backend that
+ * completes nothing for that long makes it give up what is queued.
+ */
+static void
+note_progress (struct engine *e, uint64_t now)
+{
+  struct eng_conn *c;
+
+  for (c = e->conns; c != NULL; c = c->next)
+    if (c->close_op && c->close_deadline_ns != UINT64_MAX)
+      c->close_deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
+  if (e->shutdown_op && e->shutdown_deadline_ns != UINT64_MAX)
+    e->shutdown_deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
+}
+
+/* A merged run failed with a real error: put its members back in its
+ * place as runs of their own (same batch, so the order rules hold), so
+ * that the failure stays with the range that failed and its neighbours
+ * are written.  Returns -1 if there is no memory for it.
+ */
+static int
+split_run (struct engine *e, struct eng_file *f, struct eng_run *r)
+{
+  struct eng_run *made = NULL, *n, *next, *prev;
+  size_t i;
+
+  for (i = r->run->n; i-- > 0; ) {
+    char *mem = calloc (1, e->run_prefix + sizeof (struct plug_run) +
+                        sizeof (struct plug_req *));
+    struct plug_req *p = r->run->reqs[i];
+    struct plug_run *pr;
+
+    if (mem == NULL) {
+      for (n = made; n != NULL; n = next) {
+        next = n->qnext;
+        run_free (n);
+      }
+      return -1;
+    }
+    pr = (struct plug_run *) (mem + e->run_prefix);
+    pr->prefix = e->run_prefix;
+    pr->op = p->op;
+    pr->flags = p->flags;
+    pr->backing = p->backing;
+    pr->offset = p->offset;
+    pr->count = p->count;
+    pr->n = 1;
+    pr->reqs[0] = p;
+    n = run_of (pr);
+    n->run = pr;
+    n->state = RUN_QUEUED;
+    n->conn = r->conn;
+    n->batch = r->batch;
+    n->min_seq = p->seq;
+    n->qnext = made;
+    made = n;
+  }
+  /* Replace r by the list, in offset order, where r stood. */
+  prev = r->qprev;
+  for (n = made; n != NULL; n = n->qnext) {
+    n->qprev = prev;
+    if (prev)
+      prev->qnext = n;
+    else
+      f->head = n;
+    prev = n;
+    f->nr_queued++;
+    r->conn->nr_runs++;
+  }
+  prev->qnext = r->qnext;
+  if (r->qnext)
+    r->qnext->qprev = prev;
+  else
+    f->tail = prev;
+  r->conn->nr_runs--;
+  run_free (r);
+  return 0;
+}
+
 /* "Not now" on run r of file f. */
 static void
 not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
@@ -1248,6 +1360,7 @@ engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
     }
     retry_reset (&f->retry);
     run_finish (e, r, 0, now, out);
+    note_progress (e, now);
   }
   else if (retry_is_transient (err) && !fast)
     not_now (e, f, r, now, out);
@@ -1259,6 +1372,11 @@ engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
       err = ENOTSUP;            /* "Cannot be fast": an answer. */
     else {
       STATS_ADD (r->conn->stats->errors, 1);
+      if (r->run->n > 1 && split_run (e, f, r) == 0) {
+        queue_dispatch (e, b, now, false, out);
+        check_waiters (e, now, out);
+        return;
+      }
       log_run (e, r, "failed", err, now);
     }
     run_finish (e, r, err, now, out);
@@ -1283,7 +1401,7 @@ check_waiters (struct engine *e, uint64_t now, struct eng_actions *out)
 
   while ((op = e->flush_wait.head) != NULL && flush_ready (e, op)) {
     list_remove (&e->flush_wait, op);
-    op_answer (op, take_deferred (op->conn, op->horizon), out);
+    op_answer (op, take_deferred (e, op->conn, op->horizon), out);
     op_release (op, out);
   }
   for (op = e->read_wait.head; op != NULL; op = next) {
