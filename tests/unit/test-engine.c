@@ -89,12 +89,29 @@ make (enum eng_mode mode, unsigned max_inflight, uint64_t max_bytes,
 
 static struct plug_stats stats;
 
+/* Every request made, freed when its test is over (a released op's
+ * result is still read after the engine let it go).
+ */
+static struct req *all[8192];
+static size_t nr_all;
+
+static void
+free_all (void)
+{
+  while (nr_all > 0)
+    free (all[--nr_all]);
+}
+
 /* A request on file `file` at [off, off+len). */
 static struct req *
 mkreq (enum eng_kind kind, uint32_t file, uint64_t off, uint64_t len,
        uint32_t flags)
 {
   struct req *q = calloc (1, sizeof *q);
+
+  if (q == NULL || nr_all == sizeof all / sizeof all[0])
+    abort ();
+  all[nr_all++] = q;
 
   q->op.kind = kind;
   q->op.flags = flags;
@@ -203,6 +220,7 @@ test_flush_horizon (void)
       "FLUSH answered at its horizon while later writes are unfinished");
   close_conn (c, 0);
   engine_free (e);
+  free_all ();
 }
 
 static void
@@ -229,6 +247,7 @@ test_order_across_connections (void)
   close_conn (a, 0);
   close_conn (b, 0);
   engine_free (e);
+  free_all ();
 }
 
 static void
@@ -263,6 +282,7 @@ test_close_slot_contention (void)
   engine_conn_free (e, b);
   close_conn (a, 0);
   engine_free (e);
+  free_all ();
 }
 
 static void
@@ -288,6 +308,7 @@ test_close_stuck_backend (void)
   complete_all (0);
   close_conn (a, 0);
   engine_free (e);
+  free_all ();
 }
 
 static void
@@ -315,6 +336,7 @@ test_eagain_at_close (void)
       "close answered after the retries; nothing lost");
   engine_conn_free (e, c);
   engine_free (e);
+  free_all ();
 }
 
 static void
@@ -350,6 +372,7 @@ test_failing_neighbour (void)
   ok (n.bytes == 0, "failed data released");
   close_conn (c, 0);
   engine_free (e);
+  free_all ();
 }
 
 static void
@@ -370,6 +393,7 @@ test_deferred_to_new_connection (void)
   ok (f->res.err == 0, "... once");
   close_conn (b, 0);
   engine_free (e);
+  free_all ();
 }
 
 static void
@@ -409,6 +433,7 @@ test_memory_bound_every_run_fails (void)
   ok (waited > 0, "writers past the bound wait instead of being acked");
   close_conn (c, EIO);
   engine_free (e);
+  free_all ();
 }
 
 static void
@@ -437,6 +462,7 @@ test_fast_zero (void)
   ok (z->res.answered && z->res.err == 0, "and answered when done");
   close_conn (c, 0);
   engine_free (e);
+  free_all ();
 }
 
 static void
@@ -462,6 +488,7 @@ test_hold_and_timers (void)
       "deadlines saturate instead of wrapping");
   close_conn (c, 0);
   engine_free (e);
+  free_all ();
 }
 
 int
