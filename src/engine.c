@@ -892,6 +892,34 @@ can_issue_now (struct engine *e, const struct eng_op *op)
   return true;
 }
 
+/* A run of one piece (the direct path, a fast zero, a failed merged run
+ * split up), with the engine's header in front as plug_merge makes
+ * them.  Returns NULL on ENOMEM.
+ */
+static struct eng_run *
+single_run (const struct engine *e, struct plug_req *p)
+{
+  char *mem = calloc (1, e->run_prefix + sizeof (struct plug_run) +
+                      sizeof (struct plug_req *));
+  struct plug_run *pr;
+  struct eng_run *r;
+
+  if (mem == NULL)
+    return NULL;
+  pr = (struct plug_run *) (mem + e->run_prefix);
+  pr->prefix = e->run_prefix;
+  pr->op = p->op;
+  pr->flags = p->flags;
+  pr->backing = p->backing;
+  pr->offset = p->offset;
+  pr->count = p->count;
+  pr->n = 1;
+  pr->reqs[0] = p;
+  r = run_of (pr);
+  r->run = pr;
+  return r;
+}
+
 /* Admit op and issue each piece as a run of its own. */
 static int
 issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
@@ -904,29 +932,14 @@ issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
    * state changes.  They are chained through issue_next, newest first.
    */
   for (i = op->nr_pieces; i-- > 0; ) {
-    struct plug_req *p = &op->pieces[i];
-    char *mem = calloc (1, e->run_prefix + sizeof (struct plug_run) +
-                        sizeof (struct plug_req *));
-    struct plug_run *pr;
-
-    if (mem == NULL) {
+    r = single_run (e, &op->pieces[i]);
+    if (r == NULL) {
       for (r = made; r != NULL; r = next) {
         next = r->issue_next;
         run_free (r);
       }
       return -1;
     }
-    pr = (struct plug_run *) (mem + e->run_prefix);
-    pr->prefix = e->run_prefix;
-    pr->op = p->op;
-    pr->flags = p->flags;
-    pr->backing = p->backing;
-    pr->offset = p->offset;
-    pr->count = p->count;
-    pr->n = 1;
-    pr->reqs[0] = p;
-    r = run_of (pr);
-    r->run = pr;
     r->issue_next = made;
     made = r;
   }
@@ -1251,29 +1264,16 @@ split_run (struct engine *e, struct eng_file *f, struct eng_run *r)
   size_t i;
 
   for (i = r->run->n; i-- > 0; ) {
-    char *mem = calloc (1, e->run_prefix + sizeof (struct plug_run) +
-                        sizeof (struct plug_req *));
     struct plug_req *p = r->run->reqs[i];
-    struct plug_run *pr;
 
-    if (mem == NULL) {
+    n = single_run (e, p);
+    if (n == NULL) {
       for (n = made; n != NULL; n = next) {
         next = n->qnext;
         run_free (n);
       }
       return -1;
     }
-    pr = (struct plug_run *) (mem + e->run_prefix);
-    pr->prefix = e->run_prefix;
-    pr->op = p->op;
-    pr->flags = p->flags;
-    pr->backing = p->backing;
-    pr->offset = p->offset;
-    pr->count = p->count;
-    pr->n = 1;
-    pr->reqs[0] = p;
-    n = run_of (pr);
-    n->run = pr;
     n->state = RUN_QUEUED;
     n->conn = r->conn;
     n->batch = r->batch;
