@@ -12,7 +12,6 @@
 #ifndef NBDPLUG_BACKING_H
 #define NBDPLUG_BACKING_H
 
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 

@@ -5,7 +5,7 @@
 /* plugin.c: nbdkit glue: parameters, global state, callbacks.
  *
  * The callbacks are thin: reads, flushes and writes go to conn.c, which
- * hands mutations to the connection's loop thread (loop.c).
+ * hands them to the export's engine (src/engine.h, glue.h).
  */
 
 #include <config.h>

@@ -211,11 +211,6 @@ struct eng_actions {
 
 extern void eng_actions_init (struct eng_actions *a)
   __attribute__ ((__nonnull__ (1)));
-static inline bool
-eng_actions_empty (const struct eng_actions *a)
-{
-  return a->issue == NULL && a->reply == NULL && a->release == NULL;
-}
 
 struct engine;
 

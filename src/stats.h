@@ -6,7 +6,7 @@
  *
  * One struct plug_stats per connection plus one global total.  Client
  * counters are bumped by nbdkit's worker threads and backend counters by
- * the loop thread and workers, so every increment is atomic (relaxed:
+ * whichever thread completes a run, so every increment is atomic (relaxed:
  * they are statistics, not synchronisation).  Totals are merged at
  * connection close, when no other thread touches that connection.
  */
