@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # shellcheck shell=bash
 # bench/lib.sh: shared by run.sh and tune.sh.  Sourced, not run.
 #

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* nbd-bench: a small libnbd aio load generator for the benchmarks.
  *
  * One connection keeps --qd commands in flight (nbd_aio_* plus

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # shellcheck disable=SC2059 # printf formats are shared variables.
 # bench/run.sh: the plug against a plain nbdkit file plugin, in one run.
 #

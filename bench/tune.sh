@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # shellcheck disable=SC2059 # printf formats are shared variables.
 # bench/tune.sh: are the plug's defaults the best values?
 #

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* backing.c: I/O on one backing file.  See backing.h. */
 
 #include <config.h>
@@ -55,6 +59,37 @@ remote_backing_open (struct backing *b, const char *uri)
   return 0;
 }
 
+/* One process may write a backing file: in writeback mode two plugs
+ * over one file in two processes are two caches, and each would
+ * overwrite the other's acknowledged writes.  Take a write lock on the
+ * whole file, or refuse it if another process holds a lock on it.  An
+ * open file description (OFD) lock, not a process-associated one, so
+ * that it stays across nbdkit's fork into the background; it goes with
+ * the last descriptor of the open file, at the latest when the process
+ * exits.  qemu's image locks are OFD locks on a few bytes of the file,
+ * so a qemu that has the file open conflicts too.
+ */
+static int
+lock_for_writing (int fd, const char *name)
+{
+  struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+
+  if (fcntl (fd, F_OFD_SETLK, &fl) == 0)
+    return 0;
+  if (errno != EAGAIN && errno != EACCES) {
+    nbdkit_error ("file=%s: cannot lock it (%m), so a second process "
+                  "serving it could not be refused; add shared=yes to "
+                  "serve it without the lock", name);
+    return -1;
+  }
+  nbdkit_error ("file=%s: already in use: another process holds a lock "
+                "on it (another nbdkit plug serving it, or qemu), or "
+                "file= names it twice.  Serve a file from one process "
+                "(nbdkit nbd can proxy it to a second address), or add "
+                "shared=yes (unsafe in writeback mode: two caches)", name);
+  return -1;
+}
+
 int
 backing_open (struct backing *b, const char *name)
 {
@@ -76,6 +111,8 @@ backing_open (struct backing *b, const char *name)
     nbdkit_error ("file=%s: open: %m", name);
     return -1;
   }
+  if (!ro && !cfg.shared && lock_for_writing (fd, name) == -1)
+    goto err;
   if (fstat (fd, &st) == -1) {
     nbdkit_error ("file=%s: fstat: %m", name);
     goto err;

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* backing.h: one backing file: a regular file or block device, or an
  * NBD export on a server (file=nbd://..., remote.h).
  *
@@ -11,7 +15,6 @@
 #ifndef NBDPLUG_BACKING_H
 #define NBDPLUG_BACKING_H
 
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -44,9 +47,12 @@ struct backing {
 };
 
 /* Open the file (O_RDWR, or O_RDONLY if it cannot be written) and find
+/* Open the file (O_RDWR, or O_RDONLY if it cannot be written) and find
  * its size; or connect to the NBD URI (remote_is_uri) and learn what
- * the server advertises.  Returns 0, or -1 after nbdkit_error naming
- * the file or URI.
+ * the server advertises.  A local file opened read-write is locked
+ * against other processes (refused if one holds a lock on it) unless
+ * shared=yes.  Returns 0, or -1 after nbdkit_error naming the file or
+ * URI.
  */
 extern int backing_open (struct backing *b, const char *name);
 extern void backing_close (struct backing *b);

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* conn.c: connection lifecycle and the worker-thread side.  See conn.h.
  *
  * Worker threads (nbdkit's) build a request, make one engine call under
@@ -26,8 +30,37 @@
 #include "layout.h"
 #include "plugin.h"
 #include "remote.h"
+#include "ratelimit.h"
 
 static uint64_t next_conn_id;
+
+/* Requests that fail are logged at most once a second: a backend that
+ * fails every write must not fill the log.
+ */
+static pthread_mutex_t errlog_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ratelimit errlog;         /* Protected by errlog_lock. */
+
+static void
+request_error (const char *what)
+{
+  int err = errno;
+  uint64_t suppressed;
+  bool allow;
+
+  {
+    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&errlog_lock);
+    allow = ratelimit_allow (&errlog, now_ns (), &suppressed);
+  }
+  errno = err;
+  if (allow && suppressed > 0)
+    nbdkit_error ("%s: %m (and %" PRIu64 " more since the last message)",
+                  what, suppressed);
+  else if (allow)
+    nbdkit_error ("%s: %m", what);
+  /* nbdkit sends the errno to the client either way. */
+  nbdkit_set_error (err);
+  errno = err;
+}
 
 /* Tells a worker thread's exit to its connection: see worker_exit. */
 static pthread_key_t worker_key;
@@ -461,7 +494,7 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   if (ret == -1) {
     /* A fast zero that cannot be fast is an answer, not a failure. */
     if (errno != ENOTSUP)
-      nbdkit_error ("%s: %m", what);
+      request_error (what);
     return -1;
   }
   if (touched)
@@ -532,7 +565,7 @@ conn_flush (struct conn *c)
   if (r == NULL)
     return -1;
   if (submit_wait (c, r) == -1) {
-    nbdkit_error ("flush: %m");
+    request_error ("flush");
     return -1;
   }
   return sync_backings (&c->stats, NULL);

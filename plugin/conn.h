@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* conn.h: one client connection, and the requests its nbdkit worker
  * threads hand to the engine.
  *

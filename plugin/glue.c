@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* glue.c: carrying out the engine's actions.  See glue.h. */
 
 #include <config.h>

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* glue.h: the plumbing around the engine (src/engine.h): its lock, the
  * threads that carry out its actions, and its one timer.
  *

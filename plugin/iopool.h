@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* iopool.h: threads that issue runs to the backing files.
  *
  * The engine decides what to write and in which order; these threads

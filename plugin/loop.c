@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* loop.c: the timer thread: one libev loop that fires the engine's
  * deadlines (idle=, max-delay=, delayed queues, memory waits, close and
  * exit deadlines).  See glue.h.

@@ -1,7 +1,11 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* plugin.c: nbdkit glue: parameters, global state, callbacks.
  *
  * The callbacks are thin: reads, flushes and writes go to conn.c, which
- * hands mutations to the connection's loop thread (loop.c).
+ * hands them to the export's engine (src/engine.h, glue.h).
  */
 
 #include <config.h>
@@ -53,12 +57,12 @@ NBDKIT_DLL_PUBLIC int plug_debug_inject_eagain;
  */
 NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
 
-/* Defaults.  Each is explained in the man page, with its measurement. */
+/* Defaults.  The man page explains each (NOTES, "Choice of defaults"). */
 #define DEFAULT_IDLE_NS           1000000ULL    /* 1 ms */
 #define DEFAULT_MAX_DELAY_NS     10000000ULL    /* 10 ms */
 /* Both modes.  In hold mode the "parked" trigger, not this limit, keeps
- * a plug from waiting for a request no free thread can read (see the
- * man page for the measurement that replaced the old 15).
+ * a plug from waiting for a request no free thread can read (the man
+ * page's "Choice of defaults" has the measurement).
  */
 #define DEFAULT_MAX_REQUESTS           256
 #define DEFAULT_MAX_BYTES         (4 * 1024 * 1024)
@@ -69,10 +73,13 @@ NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
  * the parallelism a plain file plugin has.
  */
 #define DEFAULT_IO_THREADS             16
-/* Requests at least this large are written at once (no copy): merging
- * them saves little (see the man page for the measurement).
+/* Requests at least this large are written at once (no copy): a request
+ * as large as the largest run (max-merge's default) cannot become part
+ * of a larger one.  Smaller values save the copy of large requests on a
+ * local file but give up merging them in front of a slow backend (the
+ * kernel's nbd driver sends 64-128 KiB requests).
  */
-#define DEFAULT_DIRECT_SIZE      (64 * 1024)
+#define DEFAULT_DIRECT_SIZE      (1024 * 1024)
 /* blk-mq's BLK_MQ_RESOURCE_DELAY: rerun the queue 3 ms later. */
 #define DEFAULT_RETRY_DELAY_NS    3000000ULL
 #define DEFAULT_RETRY_MAX_DELAY_NS 100000000ULL  /* 100 ms */
@@ -382,6 +389,15 @@ plugin_config (const char *key, const char *value)
     return parse_duration_param (key, value, &cfg.retry.max_delay_ns);
   else if (strcmp (key, "retry-timeout") == 0)
     return parse_duration_param (key, value, &cfg.retry.timeout_ns);
+  else if (strcmp (key, "shared") == 0) {
+    int r = nbdkit_parse_bool (value);
+
+    if (r == -1) {
+      nbdkit_error ("shared=%s: expected a boolean such as yes or no", value);
+      return -1;
+    }
+    cfg.shared = r;
+  }
   else if (strcmp (key, "statsfile") == 0) {
     /* The file need not exist yet: make the directory absolute. */
     free (statsfile);
@@ -446,8 +462,8 @@ make_engine (void)
     .retry = cfg.retry,
     .log = engine_log,
     .debug_unplug = plug_debug_unplug,
+    .names = (const char *const *) files.ptr,
   };
-
   size_t i;
 
   eng = engine_new (&ec);
@@ -602,6 +618,7 @@ plugin_dump_plugin (void)
           DEFAULT_REMOTE_CONNECTIONS);
   printf ("plug_remote_queue_depth_default=%d\n",
           DEFAULT_REMOTE_QUEUE_DEPTH);
+  printf ("plug_shared_default=no\n");
   printf ("plug_libev=%d.%d\n", ev_version_major (), ev_version_minor ());
   {
     struct nbd_handle *h = nbd_create ();
@@ -885,10 +902,11 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   "remote-connections=N    NBD connections per URI if it allows multi-conn (4).\n" \
   "remote-queue-depth=N    Backend I/Os in flight per NBD URI, all connections (64).\n" \
   "direct=auto|never       Write what cannot merge at once, unplugged (auto).\n" \
-  "direct-size=SIZE        With direct=auto, also requests this large (64k; 0: off).\n" \
+  "direct-size=SIZE        With direct=auto, also requests this large (1M; 0: off).\n" \
   "retry-delay=DURATION    First retry after EAGAIN/ENOMEM (3ms).\n" \
   "retry-max-delay=DURATION Backoff cap (100ms).\n" \
   "retry-timeout=DURATION  Give up with EIO after this long (10s).\n" \
+  "shared=BOOL             Do not lock the files against other processes (no).\n" \
   "statsfile=PATH          Write JSON statistics here."
 
 static struct nbdkit_plugin plugin = {

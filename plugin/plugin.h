@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* plugin.h: the plugin's global state, shared by plugin.c, conn.c,
  * loop.c and backing.c.
  *
@@ -35,6 +39,7 @@ struct config {
   uint64_t direct_min;          /* direct-size=: so do requests this
                                  * large. */
   struct retry_policy retry;
+  bool shared;                  /* shared=yes: no lock on the files. */
   const char *statsfile;        /* Owned (nbdkit_realpath-like copy). */
   unsigned remote_connections;  /* remote-connections=: handles per NBD
                                  * URI (where it allows multi-conn). */

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* cleanup.h: scope-bound cleanup helpers (GCC/Clang cleanup attribute).
  *
  * CLEANUP_FREE frees a heap pointer when it leaves scope.

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* engine.c: the export's state machine.  See engine.h for the rules.
  *
  * The kernel's words: conn_unplug() is blk_flush_plug, queue_dispatch()
@@ -23,6 +27,7 @@
 
 #include "engine.h"
 #include "minmax.h"
+#include "ratelimit.h"
 
 /* Acknowledged-but-unfinished mutations allowed per connection, as a
  * multiple of max-requests: zeros and trims carry no data, so max-bytes
@@ -40,14 +45,20 @@
  */
 #define LONE_STREAK 2
 
-/* One error line per backing file per this long; the rest are counted. */
-#define LOG_INTERVAL_NS 1000000000ULL
-
 #define container_of(ptr, type, member) \
   ((type *) ((char *) (ptr) - offsetof (type, member)))
 
 struct op_list {
   struct eng_op *head, *tail;
+};
+
+/* A deferred error: acknowledged writes in [lo, hi] (sequence numbers)
+ * failed for good with err.  A FLUSH whose horizon reaches lo reports
+ * it; failures after that horizon stay for the next FLUSH.
+ */
+struct deferred {
+  int err;                      /* 0: none. */
+  uint64_t lo, hi;
 };
 
 /* A backing file's dispatch queue (the blk-mq hardware queue). */
@@ -67,8 +78,7 @@ struct eng_file {
   enum file_state state;
   uint64_t delay_until;
   struct retry_state retry;     /* Backoff of the queue. */
-  uint64_t log_ns;              /* Last error line. */
-  uint64_t log_suppressed;
+  struct ratelimit log;         /* Error lines about its runs. */
 };
 
 enum conn_state {
@@ -106,12 +116,8 @@ struct eng_conn {
   struct eng_op *close_op;
   uint64_t close_deadline_ns;
 
-  /* The deferred error: a write acknowledged to some client failed for
-   * good.  The next FLUSH whose horizon reaches deferred_lo reports it;
-   * failures after that FLUSH's horizon stay for the next one.
-   */
-  int deferred_err;
-  uint64_t deferred_lo, deferred_hi;
+  struct deferred deferred;     /* What this connection's next FLUSH
+                                 * reports. */
   int last_err;                 /* Last failure, for refused writers. */
 
   uint64_t recent_start[NR_RECENT], recent_end[NR_RECENT];
@@ -139,6 +145,9 @@ struct engine {
   uint64_t lost;
   size_t run_prefix;
   uint64_t mem_bound;           /* Copied bytes per connection. */
+  struct deferred deferred;     /* Not yet reported by any FLUSH: a
+                                 * connection opened later inherits it
+                                 * (its FLUSH covers those writes too). */
 };
 
 static void conn_unplug (struct engine *e, struct eng_conn *c,
@@ -182,23 +191,29 @@ op_name (enum plug_op op)
   return "?";
 }
 
-/* An error line about a run, at most one per file per LOG_INTERVAL_NS. */
+/* An error line about a run, at most one per file per second:
+ * "file=NAME: write of N bytes at offset O: WHAT: ERROR".
+ */
 static void
 log_run (struct engine *e, const struct eng_run *r, const char *what,
          int err, uint64_t now)
 {
   struct eng_file *f = &e->files[r->run->backing];
+  char name[32], more[64] = "";
+  uint64_t suppressed;
 
-  if (f->log_ns != 0 && now - f->log_ns < LOG_INTERVAL_NS) {
-    f->log_suppressed++;
+  if (!ratelimit_allow (&f->log, now, &suppressed))
     return;
-  }
-  eng_log (e, 0, "file %" PRIu32 ": %s %s of %" PRIu64 " bytes at offset "
-           "%" PRIu64 ": %s (%" PRIu64 " similar messages suppressed)",
-           r->run->backing, what, op_name (r->run->op), r->run->count,
-           r->run->offset, strerror (err), f->log_suppressed);
-  f->log_ns = now ? now : 1;
-  f->log_suppressed = 0;
+  if (suppressed > 0)
+    snprintf (more, sizeof more, " (and %" PRIu64 " more since the last "
+              "message)", suppressed);
+  if (e->cfg.names == NULL)
+    snprintf (name, sizeof name, "#%" PRIu32, r->run->backing);
+  eng_log (e, 0, "file=%s: %s of %" PRIu64 " bytes at offset %" PRIu64
+           ": %s: %s%s",
+           e->cfg.names ? e->cfg.names[r->run->backing] : name,
+           op_name (r->run->op), r->run->count, r->run->offset, what,
+           strerror (err), more);
 }
 
 static void
@@ -371,6 +386,7 @@ engine_conn_open (struct engine *e, struct plug_stats *stats)
   }
   c->e = e;
   c->stats = stats;
+  c->deferred = e->deferred;
   for (i = 0; i < NR_RECENT; ++i)
     c->recent_start[i] = c->recent_end[i] = UINT64_MAX;
   c->next = e->conns;
@@ -423,40 +439,58 @@ unf_remove (struct engine *e, struct eng_op *op)
   op->unf_prev = op->unf_next = NULL;
 }
 
+static void
+deferred_add (struct deferred *d, int err, uint64_t seq)
+{
+  if (d->err == 0) {
+    d->err = err;
+    d->lo = d->hi = seq;
+  }
+  else {
+    d->lo = MIN (d->lo, seq);
+    d->hi = MAX (d->hi, seq);
+  }
+}
+
+/* The error a FLUSH with this horizon reports, consuming what it covers. */
+static int
+deferred_take (struct deferred *d, uint64_t horizon)
+{
+  int err = d->err;
+
+  if (err == 0 || d->lo > horizon)
+    return 0;
+  if (d->hi <= horizon)
+    d->err = 0;
+  else
+    d->lo = horizon + 1;
+  return err;
+}
+
 /* Every connection may rely on a FLUSH covering the write that failed
- * (multi-conn), so every connection's next FLUSH reports it.
+ * (multi-conn), so every connection's next FLUSH reports it, and so does
+ * the first FLUSH of a connection opened before any FLUSH reported it.
  */
 static void
 defer_error (struct engine *e, int err, uint64_t seq)
 {
   struct eng_conn *c;
 
+  deferred_add (&e->deferred, err, seq);
   for (c = e->conns; c != NULL; c = c->next) {
-    if (c->deferred_err == 0) {
-      c->deferred_err = err;
-      c->deferred_lo = c->deferred_hi = seq;
-    }
-    else {
-      c->deferred_lo = MIN (c->deferred_lo, seq);
-      c->deferred_hi = MAX (c->deferred_hi, seq);
-    }
+    deferred_add (&c->deferred, err, seq);
     c->last_err = err;
   }
 }
 
-/* The error a FLUSH with this horizon reports, consuming what it covers. */
+/* The error c's FLUSH with this horizon reports. */
 static int
-take_deferred (struct eng_conn *c, uint64_t horizon)
+take_deferred (struct engine *e, struct eng_conn *c, uint64_t horizon)
 {
-  int err = c->deferred_err;
+  int err = deferred_take (&c->deferred, horizon);
+  int any = deferred_take (&e->deferred, horizon);
 
-  if (err == 0 || c->deferred_lo > horizon)
-    return 0;
-  if (c->deferred_hi <= horizon)
-    c->deferred_err = 0;
-  else
-    c->deferred_lo = horizon + 1;
-  return err;
+  return err ? err : any;
 }
 
 /* ---- finishing ---- */
@@ -633,6 +667,30 @@ held_anywhere (const struct engine *e, const struct plug_req *p)
   for (c = e->conns; c != NULL; c = c->next)
     if (plug_conflicts (&c->plug, p))
       return true;
+  return false;
+}
+
+/* Is data admitted at or before max_seq and overlapping p held in a
+ * plug?  (Newer held data never makes a read wait: it could starve.)
+ */
+static bool
+held_before (const struct engine *e, const struct plug_req *p,
+             uint64_t max_seq)
+{
+  const struct eng_conn *c;
+  size_t i;
+
+  for (c = e->conns; c != NULL; c = c->next) {
+    if (!plug_conflicts (&c->plug, p))
+      continue;
+    for (i = 0; i < c->plug.reqs.len; ++i) {
+      const struct plug_req *h = c->plug.reqs.ptr[i];
+
+      if (h->seq <= max_seq && h->backing == p->backing &&
+          ranges_overlap (h->offset, h->count, p->offset, p->count))
+        return true;
+    }
+  }
   return false;
 }
 
@@ -834,6 +892,34 @@ can_issue_now (struct engine *e, const struct eng_op *op)
   return true;
 }
 
+/* A run of one piece (the direct path, a fast zero, a failed merged run
+ * split up), with the engine's header in front as plug_merge makes
+ * them.  Returns NULL on ENOMEM.
+ */
+static struct eng_run *
+single_run (const struct engine *e, struct plug_req *p)
+{
+  char *mem = calloc (1, e->run_prefix + sizeof (struct plug_run) +
+                      sizeof (struct plug_req *));
+  struct plug_run *pr;
+  struct eng_run *r;
+
+  if (mem == NULL)
+    return NULL;
+  pr = (struct plug_run *) (mem + e->run_prefix);
+  pr->prefix = e->run_prefix;
+  pr->op = p->op;
+  pr->flags = p->flags;
+  pr->backing = p->backing;
+  pr->offset = p->offset;
+  pr->count = p->count;
+  pr->n = 1;
+  pr->reqs[0] = p;
+  r = run_of (pr);
+  r->run = pr;
+  return r;
+}
+
 /* Admit op and issue each piece as a run of its own. */
 static int
 issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
@@ -846,29 +932,14 @@ issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
    * state changes.  They are chained through issue_next, newest first.
    */
   for (i = op->nr_pieces; i-- > 0; ) {
-    struct plug_req *p = &op->pieces[i];
-    char *mem = calloc (1, e->run_prefix + sizeof (struct plug_run) +
-                        sizeof (struct plug_req *));
-    struct plug_run *pr;
-
-    if (mem == NULL) {
+    r = single_run (e, &op->pieces[i]);
+    if (r == NULL) {
       for (r = made; r != NULL; r = next) {
         next = r->issue_next;
         run_free (r);
       }
       return -1;
     }
-    pr = (struct plug_run *) (mem + e->run_prefix);
-    pr->prefix = e->run_prefix;
-    pr->op = p->op;
-    pr->flags = p->flags;
-    pr->backing = p->backing;
-    pr->offset = p->offset;
-    pr->count = p->count;
-    pr->n = 1;
-    pr->reqs[0] = p;
-    r = run_of (pr);
-    r->run = pr;
     r->issue_next = made;
     made = r;
   }
@@ -959,7 +1030,12 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
   if (op->flags & ENG_F_FAST) {
     op->reply_pending = true;
     c->nr_waiting++;
-    if (!can_issue_now (e, op) || issue_alone (e, c, op, now, out) == -1) {
+    /* Across files, a piece could be zeroed while another one cannot
+     * be fast: "SHOULD NOT alter the contents ... when returning
+     * NBD_ENOTSUP".  Only a fast zero inside one file is tried.
+     */
+    if (op->nr_pieces > 1 || !can_issue_now (e, op) ||
+        issue_alone (e, c, op, now, out) == -1) {
       op_answer (op, ENOTSUP, out);
       op_release (op, out);
     }
@@ -1031,7 +1107,10 @@ submit_flush (struct engine *e, struct eng_conn *c, struct eng_op *op,
   check_waiters (e, now, out);
 }
 
-/* Must read op wait?  Unplugs what it overlaps first. */
+/* Must read op wait?  Yes while a mutation admitted before it and
+ * overlapping it is unfinished: queued or in flight, or still held (its
+ * plug could not be unplugged for lack of memory).
+ */
 static bool
 read_blocked (const struct engine *e, const struct eng_op *op)
 {
@@ -1040,7 +1119,8 @@ read_blocked (const struct engine *e, const struct eng_op *op)
   for (i = 0; i < op->nr_pieces; ++i) {
     const struct plug_req *p = &op->pieces[i];
 
-    if (queue_overlaps (e, p->backing, p->offset, p->count, op->horizon))
+    if (queue_overlaps (e, p->backing, p->offset, p->count, op->horizon) ||
+        held_before (e, p, op->horizon))
       return true;
   }
   return false;
@@ -1156,6 +1236,73 @@ engine_conn_set_workers (struct engine *e, struct eng_conn *c, unsigned n,
 
 /* ---- completion ---- */
 
+/* A run completed: the backend makes progress, so a close or exit that
+ * waits for its data gets retry-timeout from now.  Only a backend that
+ * completes nothing for that long makes it give up what is queued.
+ */
+static void
+note_progress (struct engine *e, uint64_t now)
+{
+  struct eng_conn *c;
+
+  for (c = e->conns; c != NULL; c = c->next)
+    if (c->close_op && c->close_deadline_ns != UINT64_MAX)
+      c->close_deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
+  if (e->shutdown_op && e->shutdown_deadline_ns != UINT64_MAX)
+    e->shutdown_deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
+}
+
+/* A merged run failed with a real error: put its members back in its
+ * place as runs of their own (same batch, so the order rules hold), so
+ * that the failure stays with the range that failed and its neighbours
+ * are written.  Returns -1 if there is no memory for it.
+ */
+static int
+split_run (struct engine *e, struct eng_file *f, struct eng_run *r)
+{
+  struct eng_run *made = NULL, *n, *next, *prev;
+  size_t i;
+
+  for (i = r->run->n; i-- > 0; ) {
+    struct plug_req *p = r->run->reqs[i];
+
+    n = single_run (e, p);
+    if (n == NULL) {
+      for (n = made; n != NULL; n = next) {
+        next = n->qnext;
+        run_free (n);
+      }
+      return -1;
+    }
+    n->state = RUN_QUEUED;
+    n->conn = r->conn;
+    n->batch = r->batch;
+    n->min_seq = p->seq;
+    n->qnext = made;
+    made = n;
+  }
+  /* Replace r by the list, in offset order, where r stood. */
+  prev = r->qprev;
+  for (n = made; n != NULL; n = n->qnext) {
+    n->qprev = prev;
+    if (prev)
+      prev->qnext = n;
+    else
+      f->head = n;
+    prev = n;
+    f->nr_queued++;
+    r->conn->nr_runs++;
+  }
+  prev->qnext = r->qnext;
+  if (r->qnext)
+    r->qnext->qprev = prev;
+  else
+    f->tail = prev;
+  r->conn->nr_runs--;
+  run_free (r);
+  return 0;
+}
+
 /* "Not now" on run r of file f. */
 static void
 not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
@@ -1169,7 +1316,7 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
   deadline = eng_add_ns (r->first_fail_ns, e->cfg.retry.timeout_ns);
   if (now >= deadline) {
     STATS_ADD (r->conn->stats->gave_up, 1);
-    log_run (e, r, "giving up after retry-timeout:", EAGAIN, now);
+    log_run (e, r, "giving up after retry-timeout", EAGAIN, now);
     run_finish (e, r, EIO, now, out);
     return;
   }
@@ -1213,6 +1360,7 @@ engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
     }
     retry_reset (&f->retry);
     run_finish (e, r, 0, now, out);
+    note_progress (e, now);
   }
   else if (retry_is_transient (err) && !fast)
     not_now (e, f, r, now, out);
@@ -1224,7 +1372,12 @@ engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
       err = ENOTSUP;            /* "Cannot be fast": an answer. */
     else {
       STATS_ADD (r->conn->stats->errors, 1);
-      log_run (e, r, "cannot", err, now);
+      if (r->run->n > 1 && split_run (e, f, r) == 0) {
+        queue_dispatch (e, b, now, false, out);
+        check_waiters (e, now, out);
+        return;
+      }
+      log_run (e, r, "failed", err, now);
     }
     run_finish (e, r, err, now, out);
   }
@@ -1248,7 +1401,7 @@ check_waiters (struct engine *e, uint64_t now, struct eng_actions *out)
 
   while ((op = e->flush_wait.head) != NULL && flush_ready (e, op)) {
     list_remove (&e->flush_wait, op);
-    op_answer (op, take_deferred (op->conn, op->horizon), out);
+    op_answer (op, take_deferred (e, op->conn, op->horizon), out);
     op_release (op, out);
   }
   for (op = e->read_wait.head; op != NULL; op = next) {
@@ -1309,7 +1462,7 @@ fail_queued (struct engine *e, const struct eng_conn *c, uint64_t now,
       next = r->qnext;
       if (r->state == RUN_QUEUED && (c == NULL || r->conn == c)) {
         STATS_ADD (r->conn->stats->gave_up, 1);
-        log_run (e, r, "could not be written before the deadline:",
+        log_run (e, r, "not written within retry-timeout of the close",
                  ETIMEDOUT, now);
         run_finish (e, r, EIO, now, out);
       }

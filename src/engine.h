@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* engine.h: the export's state machine (pure: no threads, no clock, no
  * syscalls, no nbdkit, libev or libnbd).
  *
@@ -114,6 +118,8 @@ struct eng_config {
   void (*log) (void *opaque, int level, const char *msg);
   void *log_opaque;
   bool debug_unplug;            /* Log every unplug at level 1. */
+  const char *const *names;     /* Borrowed: [nr_backings] file names for
+                                 * messages, or NULL. */
 };
 
 /* Engine-private state of an op: named, never a cluster of booleans. */
@@ -205,11 +211,6 @@ struct eng_actions {
 
 extern void eng_actions_init (struct eng_actions *a)
   __attribute__ ((__nonnull__ (1)));
-static inline bool
-eng_actions_empty (const struct eng_actions *a)
-{
-  return a->issue == NULL && a->reply == NULL && a->release == NULL;
-}
 
 struct engine;
 

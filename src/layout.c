@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* layout.c: export offset -> (backing file, offset) mapping.  See layout.h. */
 
 #include <config.h>

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* layout.h: where export bytes live among the backing files (pure).
  *
  * An export is made of nr backing files, either concatenated in order

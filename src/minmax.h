@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* minmax.h: MIN and MAX that evaluate their arguments once.
  *
  * Pure header: used by src/ and plugin/.

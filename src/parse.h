@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* parse.h: parameter syntax that nbdkit 1.32 does not parse for us (pure).
  *
  * nbdkit_parse_delay() only exists from nbdkit 1.40, and nbdkit loads

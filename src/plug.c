@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* plug.c: collect, sort and merge.  See plug.h for the rules. */
 
 #include <config.h>

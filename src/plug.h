@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* plug.h: the per-connection plug (pure: no nbdkit, libnbd or libev).
  *
  * The kernel's struct blk_plug, for NBD.  A plug collects the requests
@@ -18,8 +22,8 @@
  * request objects); the plug only holds pointers to them.  A run points
  * at the requests it merged; runs are owned by whoever took them.
  *
- * Context: one plug belongs to one connection's loop thread; no
- * locking here.
+ * Context: one plug belongs to one connection inside the engine
+ * (engine.h), whose caller holds the engine's lock; no locking here.
  */
 #ifndef NBDPLUG_PLUG_H
 #define NBDPLUG_PLUG_H
@@ -157,7 +161,7 @@ plug_is_empty (const struct plug *p)
 }
 
 /* Does [offset, offset+count) of this backing file overlap any held
- * request?  Context: loop thread.
+ * request?
  */
 extern bool plug_overlaps (const struct plug *p, uint32_t backing,
                            uint64_t offset, uint64_t count)

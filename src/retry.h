@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* retry.h: what to do when a backend says "not now" (pure).
  *
  * The kernel's answer to a driver out of resources is to requeue the
@@ -7,8 +11,8 @@
  * backend that stays short of resources is not polled every 3 ms for
  * seconds, and a give-up deadline so that no request waits forever.
  *
- * The glue owns one struct retry_state per delayed backing-file queue
- * (loop thread only) and arms a libev timer with the delay.
+ * The engine (engine.c) keeps one struct retry_state per backing-file
+ * queue for the backoff and asks retry_delay() for each delay.
  */
 #ifndef NBDPLUG_RETRY_H
 #define NBDPLUG_RETRY_H

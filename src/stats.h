@@ -1,8 +1,12 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* stats.h: counters of what clients asked and what backends did (pure).
  *
  * One struct plug_stats per connection plus one global total.  Client
  * counters are bumped by nbdkit's worker threads and backend counters by
- * the loop thread and workers, so every increment is atomic (relaxed:
+ * whichever thread completes a run, so every increment is atomic (relaxed:
  * they are statistics, not synchronisation).  Totals are merged at
  * connection close, when no other thread touches that connection.
  */

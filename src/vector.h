@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* vector.h: a growable array of one element type.
  *
  * DEFINE_VECTOR_TYPE (name, type) defines

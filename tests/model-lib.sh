@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Shared logic of the model tests (tests/test-model-*.sh).  Source it after
 # functions.sh:
 #
@@ -5,9 +8,10 @@
 #   source "$srcdir/model-lib.sh"
 #   model_run NAME LAYOUT MODE [NBDKIT-ARGS...] [-- MODEL-TEST-ARGS...]
 #
-# model_run creates the backing files with random initial contents, runs
-# model-test captive under nbdkit with the plug plugin, and once the server
-# has exited checks that:
+# model_run creates the backing files with random initial contents, starts
+# nbdkit with the plug plugin (start_plug), runs model-test against it,
+# stops the server (stop_server: it must exit 0 after SIGTERM, without a
+# sanitizer report), and then checks that:
 #   - model-test passed (every read matched the reference, no errors);
 #   - the backing files hold exactly the reference image model-test dumped
 #     (concat: the files one after another; stripe: de-striped);
@@ -219,10 +223,10 @@ model_run ()
   echo "   model-test ${margs[*]}"
   start=$(date +%s%N)
   rc=0
-  timeout "$MODEL_TIMEOUT" \
-    nbdkit -U - "${opts[@]}" "$PLUGIN" "${params[@]}" mode="$mode" \
-           statsfile="$dir/stats.json" \
-           --run "$cmd --uri \"\$uri\"" > "$dir/out" 2>&1 || rc=$?
+  start_server "$name" "${opts[@]}" "$PLUGIN" "${params[@]}" mode="$mode" \
+               statsfile="$dir/stats.json"
+  eval "timeout $MODEL_TIMEOUT $cmd --uri \"\$SERVER_URI\"" \
+       > "$dir/out" 2>&1 || rc=$?
   end=$(date +%s%N)
   cat "$dir/out"
   if [ $rc -eq 124 ]; then
@@ -230,9 +234,11 @@ model_run ()
     return 1
   fi
   if [ $rc -ne 0 ]; then
-    echo "$name: FAIL: nbdkit/model-test exited with $rc"
+    echo "$name: FAIL: model-test exited with $rc"
     return 1
   fi
+  # The server's own exit status (fails the test itself).
+  stop_server "$name"
   model_check compare "$layout" "$dir/dump" "$dir/mask" "${files[@]}" || {
     echo "$name: FAIL: backing files differ from the reference"
     return 1

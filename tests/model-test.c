@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* model-test: random concurrent NBD operations checked against a flat
  * reference image.
  *
@@ -34,6 +38,32 @@
  * The operation sequence of each connection depends only on --seed (and
  * on the export's size and flags), never on the order of completions, so
  * a failing seed can be rerun.
+ *
+ * --cross-reads (for a server that advertises multi-conn and promises
+ * that a read on any connection sees every write acknowledged on any
+ * connection): half of the reads target chunks of other connections.
+ * Their owner keeps a seqlock-style generation per chunk: it increments
+ * it before it updates the reference and issues the first mutation of
+ * the chunk, and again when the last mutation in flight there completes
+ * (odd: a mutation is in flight).  A cross read records the generation
+ * at issue (odd: not checked), copies the expected bytes, re-reads the
+ * generation (changed: not checked), and at completion is compared only
+ * if the generation is still the same: then no mutation of that chunk
+ * was in flight at any time during the read, and every earlier one had
+ * been acknowledged before the read was sent.
+ *
+ * --flush-one-then-wait FILE: at the end, once every connection has
+ * finished its operations (a barrier), each sends a tail of TAIL_WRITES
+ * plain writes (no FUA, one at a time, in its own chunks), so that after
+ * the last FLUSH of the random operations every connection has
+ * acknowledged data (a server with long idle= and max-delay= still
+ * holds it); after a second barrier connection 0 alone sends one FLUSH;
+ * then the --dump/--mask files are written, FILE is created and
+ * model-test waits, connections open, until it is killed.  A shell test
+ * kills the server (kill -9) and compares the backing files with the
+ * dump: the one FLUSH must have covered what every connection had
+ * acknowledged.  The export is not read back (a read could write out
+ * what the FLUSH missed).
  */
 
 #ifdef HAVE_CONFIG_H
@@ -67,6 +97,11 @@
 #define HISTORY_SHOWN 8
 /* How many mismatches to describe in full (all of them are counted). */
 #define REPORTS_SHOWN 10
+/* --flush-one-then-wait: plain writes each connection sends after the
+ * first barrier, so that every connection has acknowledged data that
+ * no FLUSH but the last one covers.
+ */
+#define TAIL_WRITES 8
 
 enum op_kind { OP_READ, OP_WRITE, OP_ZERO, OP_TRIM, OP_FLUSH, NR_KINDS };
 static const char *kind_name[NR_KINDS] = {
@@ -87,6 +122,15 @@ struct op {
   uint32_t flags;               /* LIBNBD_CMD_FLAG_* */
   uint64_t dseed;               /* Data pattern of a write. */
   int err;                      /* errno of a failed operation */
+  bool cross;                   /* A read of another connection's chunk. */
+};
+
+/* What became of a cross read. */
+enum cross_state {
+  CROSS_NONE,                   /* Not a cross read. */
+  CROSS_BUSY,                   /* A mutation was in flight at issue (or
+                                 * began while copying): not checked. */
+  CROSS_PENDING,                /* To be checked at completion. */
 };
 
 /* One operation in flight: the completion callback's argument. */
@@ -96,6 +140,11 @@ struct inflight {
   uint8_t *buf;                 /* Owned; freed at completion. */
   uint8_t *saved;               /* FAST_ZERO: reference before, to undo. */
   uint8_t *saved_known;
+  /* Cross reads: the owner's reference at issue, and its generation. */
+  uint8_t cross;                /* enum cross_state */
+  bool self_corrupt;            /* --self-test flipped a byte of exp. */
+  uint64_t gen;
+  uint8_t *exp, *exp_known;
 };
 
 struct stats {
@@ -107,6 +156,9 @@ struct stats {
   uint64_t mismatches;          /* Reads (or verify runs) that differed. */
   uint64_t mismatch_bytes;
   uint64_t errors;              /* Failed operations. */
+  uint64_t cross_checked;       /* Cross reads compared. */
+  uint64_t cross_busy;          /* ... not checked: busy at issue. */
+  uint64_t cross_changed;       /* ... not checked: changed during it. */
 };
 
 struct conn {
@@ -120,13 +172,14 @@ struct conn {
 
   /* Connection thread only. */
   uint64_t rng;
-  struct op *hist;              /* nr_ops entries. */
+  struct op *hist;              /* nr_ops + TAIL_WRITES entries. */
   uint64_t nr_gen;              /* Operations generated so far. */
   uint64_t nr_inflight;
   struct inflight **slots;      /* qd entries, NULL when free. */
   uint64_t last_good_flush;     /* History index, for --expect-errors. */
   uint64_t corrupt_after;       /* --self-test: corrupt at this write. */
   bool corrupted;
+  bool corrupt_inflight;        /* ... a corrupted cross read in flight. */
   bool dead;                    /* Connection failed. */
   struct stats st;
 };
@@ -145,6 +198,8 @@ static size_t nr_boundaries;
 static uint64_t boundary_step;
 static const char *dump_file, *mask_file, *init_file;
 static bool verify_all, expect_errors, fua_all, self_test, verbose;
+static bool cross_reads, no_final_flush;
+static const char *flush_one_file;
 
 /* Server capabilities (of the first connection). */
 static bool can_fua, can_zero, can_trim, can_fast_zero, can_flush;
@@ -159,6 +214,18 @@ static uint8_t *init_image;     /* Initial contents, for reports. */
 static struct conn *conns;
 static unsigned *chunk_owner;
 static uint64_t nr_all_chunks;
+
+/* --cross-reads: per chunk, the generation (atomic; odd while a
+ * mutation is in flight) and the number of the owner's mutations in
+ * flight (owner's thread only).
+ */
+static uint64_t *chunk_gen;
+static unsigned *chunk_muts;
+
+/* --flush-one-then-wait: every connection thread waits here once it
+ * has finished its operations.
+ */
+static pthread_barrier_t end_barrier;
 
 static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned reports;        /* Protected by report_lock. */
@@ -313,21 +380,21 @@ print_history (struct conn *c, uint64_t upto, uint64_t o,
   }
 }
 
-/* Compare buf (count bytes read at offset) with the known bytes of the
- * reference.  Returns the number of differing bytes; describes the first
- * one.  what names the read for the report.  upto bounds the history
- * search.
+/* Compare buf (count bytes read at offset) with the known bytes of an
+ * expected image: exp[i] and exp_known[i] describe byte offset + i.
+ * Returns the number of differing bytes; describes the first one.  what
+ * names the read for the report.  upto bounds the history search in c,
+ * the owner of the bytes.
  */
 static uint64_t
-check_range (struct conn *c, uint64_t upto, const char *what,
-             uint64_t offset, const uint8_t *buf, uint64_t count)
+check_expected (struct conn *c, uint64_t upto, const char *what,
+                uint64_t offset, const uint8_t *buf, uint64_t count,
+                const uint8_t *exp, const uint8_t *exp_known)
 {
   uint64_t i, bad = 0, first = 0, last = 0;
 
   for (i = 0; i < count; ++i) {
-    uint64_t o = offset + i;
-
-    if (known[o] && ref[o] != buf[i]) {
+    if (exp_known[i] && exp[i] != buf[i]) {
       if (bad++ == 0)
         first = i;
       last = i;
@@ -344,12 +411,70 @@ check_range (struct conn *c, uint64_t upto, const char *what,
              "MISMATCH: %s %" PRIu64 "+%" PRIu64 ": at offset %" PRIu64
              " (0x%" PRIx64 ") expected 0x%02x got 0x%02x; %" PRIu64
              " bytes differ in [%" PRIu64 ", %" PRIu64 "]\n",
-             what, offset, count, o, o, ref[o], buf[first], bad,
+             what, offset, count, o, o, exp[first], buf[first], bad,
              o, offset + last);
     print_history (c, upto, o, &buf[first], count - first);
   }
   pthread_mutex_unlock (&report_lock);
   return bad;
+}
+
+/* check_expected against the reference itself. */
+static uint64_t
+check_range (struct conn *c, uint64_t upto, const char *what,
+             uint64_t offset, const uint8_t *buf, uint64_t count)
+{
+  return check_expected (c, upto, what, offset, buf, count,
+                         &ref[offset], &known[offset]);
+}
+
+/* --cross-reads: the owner's side of the generation of the chunk holding
+ * offset.  mut_begin before the reference is updated for a mutation (and
+ * before it is issued), mut_end once it completed (after any update of
+ * the reference at completion).
+ */
+static void
+mut_begin (uint64_t offset)
+{
+  uint64_t ci = offset / chunk;
+
+  if (!cross_reads)
+    return;
+  if (chunk_muts[ci]++ == 0)
+    /* Odd.  Acquire-release: the reference updates that follow cannot
+     * move before it.
+     */
+    __atomic_add_fetch (&chunk_gen[ci], 1, __ATOMIC_ACQ_REL);
+}
+
+static void
+mut_end (uint64_t offset)
+{
+  uint64_t ci = offset / chunk;
+
+  if (!cross_reads)
+    return;
+  if (--chunk_muts[ci] == 0)
+    /* Even.  Release: the reference updates before it are visible to a
+     * reader that sees the new value.
+     */
+    __atomic_add_fetch (&chunk_gen[ci], 1, __ATOMIC_RELEASE);
+}
+
+/* Invalidate the cross reads of the chunk holding offset (an error made
+ * some of it unspecified): parity is kept.
+ */
+static void
+gen_bump (uint64_t offset)
+{
+  if (cross_reads)
+    __atomic_add_fetch (&chunk_gen[offset / chunk], 2, __ATOMIC_ACQ_REL);
+}
+
+static bool
+is_mutation (const struct op *p)
+{
+  return p->kind == OP_WRITE || p->kind == OP_ZERO || p->kind == OP_TRIM;
 }
 
 /* --expect-errors: a failed write, zero or trim leaves its range
@@ -411,8 +536,10 @@ op_done (void *vp, int *error)
       for (; i < f->idx; ++i) {
         const struct op *q = &c->hist[i];
 
-        if (q->kind == OP_WRITE || q->kind == OP_ZERO || q->kind == OP_TRIM)
+        if (q->kind == OP_WRITE || q->kind == OP_ZERO || q->kind == OP_TRIM) {
           forget_range (q->offset, q->count);
+          gen_bump (q->offset);
+        }
       }
       break;
     default: ;
@@ -421,7 +548,39 @@ op_done (void *vp, int *error)
   }
 
   p->state = ST_DONE;
-  if (p->kind == OP_READ) {
+  if (f->self_corrupt)
+    c->corrupt_inflight = false;
+  if (p->kind == OP_READ && f->cross == CROSS_BUSY)
+    c->st.cross_busy++;
+  else if (p->kind == OP_READ && f->cross == CROSS_PENDING) {
+    uint64_t ci = p->offset / chunk;
+    struct conn *owner = &conns[chunk_owner[ci]];
+    char what[96];
+
+    /* The read's answer has arrived: if the generation is still the
+     * one before the read was sent, no mutation of the chunk was in
+     * flight at any time in between.
+     */
+    if (__atomic_load_n (&chunk_gen[ci], __ATOMIC_ACQUIRE) != f->gen)
+      c->st.cross_changed++;
+    else {
+      c->st.cross_checked++;
+      snprintf (what, sizeof what,
+                "conn %u op #%" PRIu64 " cross read (chunk of conn %u)",
+                c->id, f->idx, owner->id);
+      i = check_expected (owner,
+                          __atomic_load_n (&owner->nr_gen, __ATOMIC_ACQUIRE),
+                          what, p->offset, f->buf, p->count,
+                          f->exp, f->exp_known);
+      if (i) {
+        c->st.mismatches++;
+        c->st.mismatch_bytes += i;
+      }
+      if (f->self_corrupt)
+        c->corrupted = true;
+    }
+  }
+  else if (p->kind == OP_READ) {
     char what[64];
 
     snprintf (what, sizeof what, "conn %u op #%" PRIu64 " read",
@@ -440,6 +599,8 @@ op_done (void *vp, int *error)
   }
 
  out:
+  if (is_mutation (p))
+    mut_end (p->offset);
   for (i = 0; i < qd; ++i)
     if (c->slots[i] == f) {
       c->slots[i] = NULL;
@@ -449,6 +610,8 @@ op_done (void *vp, int *error)
   free (f->buf);
   free (f->saved);
   free (f->saved_known);
+  free (f->exp);
+  free (f->exp_known);
   free (f);
   return 1;                     /* Auto-retire. */
 }
@@ -497,6 +660,30 @@ place_in_chunk (struct conn *c, uint64_t cs, uint64_t ce, uint64_t align,
   *off = lo + rnd_below (&c->rng, (hi - lo) / align + 1) * align;
 }
 
+/* A range of length about *len crossing boundary b (strictly inside its
+ * chunk), within that chunk.
+ */
+static void
+range_across (struct conn *c, uint64_t b, uint64_t align,
+              uint64_t *off, uint32_t *len)
+{
+  uint64_t ci = b / chunk, cs = ci * chunk, ce = chunk_end (ci);
+  uint64_t k;
+
+  if (*len < 2)
+    *len = 2;
+  if (*len > ce - cs)
+    *len = ce - cs;
+  /* k bytes before the boundary, len - k after. */
+  if (align > 1 && b % align == 0 && *len / align >= 2)
+    k = align * (1 + rnd_below (&c->rng, *len / align - 1));
+  else
+    k = 1 + rnd_below (&c->rng, *len - 1);
+  *off = b < cs + k ? cs : b - k;
+  if (*off + *len > ce)
+    *off = ce - *len;
+}
+
 /* A range inside one of our chunks, sometimes crossing a boundary,
  * sometimes overlapping a recent operation (to read back held data and
  * to overwrite it partially).
@@ -510,33 +697,19 @@ gen_range (struct conn *c, uint64_t *off, uint32_t *len)
   *len = gen_len (c, &align);
 
   if (r < 10 && c->nr_bounds > 0) {
-    uint64_t b = c->bounds[rnd_below (&c->rng, c->nr_bounds)];
-    uint64_t k;
-
-    ci = b / chunk;
-    cs = ci * chunk;
-    ce = chunk_end (ci);
-    if (*len < 2)
-      *len = 2;
-    if (*len > ce - cs)
-      *len = ce - cs;
-    /* k bytes before the boundary, len - k after. */
-    if (align > 1 && b % align == 0 && *len / align >= 2)
-      k = align * (1 + rnd_below (&c->rng, *len / align - 1));
-    else
-      k = 1 + rnd_below (&c->rng, *len - 1);
-    *off = b < cs + k ? cs : b - k;
-    if (*off + *len > ce)
-      *off = ce - *len;
+    range_across (c, c->bounds[rnd_below (&c->rng, c->nr_bounds)], align,
+                  off, len);
     return;
   }
 
   if (r < 20 && c->nr_gen > 0) {
-    /* Near one of the last 8 data operations. */
+    /* Near one of the last 8 data operations (not a cross read: that
+     * was in another connection's chunk).
+     */
     uint64_t back = 1 + rnd_below (&c->rng, c->nr_gen < 8 ? c->nr_gen : 8);
     const struct op *p = &c->hist[c->nr_gen - back];
 
-    if (p->kind != OP_FLUSH) {
+    if (p->kind != OP_FLUSH && !p->cross) {
       int64_t shift = 0;
 
       ci = p->offset / chunk;
@@ -559,6 +732,28 @@ gen_range (struct conn *c, uint64_t *off, uint32_t *len)
   }
 
   ci = c->chunks[rnd_below (&c->rng, c->nr_chunks)];
+  place_in_chunk (c, ci * chunk, chunk_end (ci), align, off, len);
+}
+
+/* --cross-reads: a range inside a chunk of another connection (whose
+ * chunks and boundaries are read-only after setup), sometimes crossing
+ * one of its boundaries.
+ */
+static void
+gen_cross_range (struct conn *c, uint64_t *off, uint32_t *len)
+{
+  uint64_t align, r = rnd_below (&c->rng, 100);
+  const struct conn *o =
+    &conns[(c->id + 1 + rnd_below (&c->rng, nr_conns - 1)) % nr_conns];
+  uint64_t ci;
+
+  *len = gen_len (c, &align);
+  if (r < 10 && o->nr_bounds > 0) {
+    range_across (c, o->bounds[rnd_below (&c->rng, o->nr_bounds)], align,
+                  off, len);
+    return;
+  }
+  ci = o->chunks[rnd_below (&c->rng, o->nr_chunks)];
   place_in_chunk (c, ci * chunk, chunk_end (ci), align, off, len);
 }
 
@@ -590,7 +785,12 @@ gen_op (struct conn *c)
    */
   r = rnd (&c->rng);
   p->dseed = rnd (&c->rng) | 1;
-  if (p->kind != OP_FLUSH)
+  if (p->kind == OP_READ && cross_reads && nr_conns > 1 &&
+      rnd_below (&c->rng, 2))
+    p->cross = true;
+  if (p->cross)
+    gen_cross_range (c, &p->offset, &p->count);
+  else if (p->kind != OP_FLUSH)
     gen_range (c, &p->offset, &p->count);
 
   if (p->kind == OP_TRIM && !can_trim)
@@ -630,7 +830,10 @@ gen_op (struct conn *c)
   default: abort ();
   }
   p->state = ST_NEW;
-  c->nr_gen++;
+  /* Release: another connection's mismatch report may read the history
+   * up to nr_gen.
+   */
+  __atomic_store_n (&c->nr_gen, c->nr_gen + 1, __ATOMIC_RELEASE);
 }
 
 /* Must a and b stay in order (one waits for the other)?  Yes if they
@@ -729,10 +932,55 @@ issue (struct conn *c, uint64_t idx)
     c->st.fua++;
 
   /* Reference first: the completion may run inside the aio call. */
+  if (is_mutation (p))
+    mut_begin (p->offset);
   switch (p->kind) {
   case OP_READ:
     memset (f->buf, 0xa5, p->count);  /* Not zero: catch short reads. */
-    if (self_test && !c->corrupted && idx >= c->corrupt_after) {
+    if (p->cross) {
+      uint64_t ci = p->offset / chunk;
+      uint64_t g = __atomic_load_n (&chunk_gen[ci], __ATOMIC_ACQUIRE);
+
+      f->cross = CROSS_BUSY;
+      if (g & 1)
+        break;                  /* The owner has a mutation in flight. */
+      f->exp = malloc (p->count);
+      f->exp_known = malloc (p->count);
+      if (f->exp == NULL || f->exp_known == NULL) {
+        perror ("malloc");
+        exit (EXIT_FAILURE);
+      }
+      memcpy (f->exp, &ref[p->offset], p->count);
+      memcpy (f->exp_known, &known[p->offset], p->count);
+      __atomic_thread_fence (__ATOMIC_ACQUIRE);
+      if (__atomic_load_n (&chunk_gen[ci], __ATOMIC_RELAXED) != g) {
+        free (f->exp);
+        free (f->exp_known);
+        f->exp = f->exp_known = NULL;
+        break;                  /* A mutation began while we copied. */
+      }
+      f->cross = CROSS_PENDING;
+      f->gen = g;
+      if (self_test && !c->corrupted && !c->corrupt_inflight &&
+          idx >= c->corrupt_after) {
+        uint32_t j;
+
+        /* --self-test with --cross-reads: expect something else at the
+         * first known byte of this cross read.  Retried on later cross
+         * reads until one is actually compared.
+         */
+        for (j = 0; j < p->count; ++j)
+          if (f->exp_known[j]) {
+            f->exp[j] ^= 0x5a;
+            f->self_corrupt = true;
+            c->corrupt_inflight = true;
+            break;
+          }
+      }
+      break;
+    }
+    if (self_test && !cross_reads && !c->corrupted &&
+        idx >= c->corrupt_after) {
       uint32_t j;
 
       /* Pretend the reference expects something else at the first known
@@ -819,13 +1067,37 @@ issue (struct conn *c, uint64_t idx)
     c->st.errors++;
     c->slots[i] = NULL;
     c->nr_inflight--;
+    if (is_mutation (p))
+      mut_end (p->offset);
     free (f->buf);
     free (f->saved);
     free (f->saved_known);
+    free (f->exp);
+    free (f->exp_known);
     free (f);
     return -1;
   }
   return 0;
+}
+
+/* --flush-one-then-wait: generate the next tail write (a plain write of
+ * 4K to 64K, 4K-aligned, in one of our chunks) into the history.
+ */
+static void
+gen_tail_write (struct conn *c)
+{
+  struct op *p = &c->hist[c->nr_gen];
+  uint64_t ci;
+
+  memset (p, 0, sizeof *p);
+  p->kind = OP_WRITE;
+  p->dseed = rnd (&c->rng) | 1;
+  p->count = 4096 * (1 + rnd_below (&c->rng, 16));
+  ci = c->chunks[rnd_below (&c->rng, c->nr_chunks)];
+  place_in_chunk (c, ci * chunk, chunk_end (ci), 4096, &p->offset,
+                  &p->count);
+  p->state = ST_NEW;
+  __atomic_store_n (&c->nr_gen, c->nr_gen + 1, __ATOMIC_RELEASE);
 }
 
 /* Issue the connection's operations, up to qd in flight.  Operations
@@ -863,6 +1135,42 @@ conn_thread (void *vp)
       c->dead = true;
       break;
     }
+  }
+
+  if (flush_one_file) {
+    unsigned t;
+
+    /* Nobody flushes any more: the tail writes stay acknowledged and
+     * not flushed.  One at a time, so none waits for another.
+     */
+    pthread_barrier_wait (&end_barrier);
+    for (t = 0; t < TAIL_WRITES && !c->dead; ++t) {
+      gen_tail_write (c);
+      if (issue (c, c->nr_gen - 1) == -1)
+        c->dead = true;
+      while (!c->dead && c->nr_inflight > 0)
+        if (nbd_poll (c->nbd, -1) == -1) {
+          fprintf (stderr, "conn %u: poll: %s\n", c->id, nbd_get_error ());
+          c->st.errors++;
+          c->dead = true;
+        }
+    }
+    /* Every connection has its answers; then connection 0 alone sends
+     * the one FLUSH that must cover them all.
+     */
+    pthread_barrier_wait (&end_barrier);
+    if (c->id == 0 && !no_final_flush) {
+      if (c->dead) {
+        fprintf (stderr, "conn 0: dead, cannot send the final flush\n");
+        c->st.errors++;
+      }
+      else if (nbd_flush (c->nbd, 0) == -1) {
+        fprintf (stderr, "conn 0: the one final flush: %s\n",
+                 nbd_get_error ());
+        c->st.errors++;
+      }
+    }
+    return NULL;
   }
 
   /* Make everything durable and visible to a fresh connection. */
@@ -1099,6 +1407,17 @@ usage (FILE *fp, int code)
 "  --expect-errors       failed ops are not fatal; their ranges become\n"
 "                        unspecified\n"
 "  --self-test           corrupt the reference once: the run must fail\n"
+"                        (with --cross-reads: a cross read's expected copy)\n"
+"  --cross-reads         half of the reads target other connections' chunks\n"
+"                        (needs a multi-conn server coherent across them);\n"
+"                        checked when the owner had no mutation in flight\n"
+"  --flush-one-then-wait FILE\n"
+"                        at the end every connection writes a few plain\n"
+"                        writes, then only connection 0 flushes, once; then\n"
+"                        write --dump/--mask (without reading the export\n"
+"                        back), create FILE and wait, connected, until killed\n"
+"  --no-final-flush      with --flush-one-then-wait: not even that flush\n"
+"                        (a negative control)\n"
 "  -v, --verbose         trace every operation\n"
 "Exit status: 0 no mismatch and no unexpected error, 1 otherwise,\n"
 "2 usage error.\n");
@@ -1112,6 +1431,7 @@ main (int argc, char *argv[])
     OPT_URI = 256, OPT_CONNS, OPT_QD, OPT_OPS, OPT_SEED, OPT_SIZE, OPT_CHUNK,
     OPT_BOUNDARY, OPT_BOUNDARY_STEP, OPT_INIT, OPT_VERIFY_ALL, OPT_DUMP,
     OPT_MASK, OPT_FUA_ALL, OPT_EXPECT_ERRORS, OPT_SELF_TEST,
+    OPT_CROSS_READS, OPT_FLUSH_ONE, OPT_NO_FINAL_FLUSH,
   };
   static const struct option long_options[] = {
     { "uri", required_argument, NULL, OPT_URI },
@@ -1130,6 +1450,9 @@ main (int argc, char *argv[])
     { "fua-all", no_argument, NULL, OPT_FUA_ALL },
     { "expect-errors", no_argument, NULL, OPT_EXPECT_ERRORS },
     { "self-test", no_argument, NULL, OPT_SELF_TEST },
+    { "cross-reads", no_argument, NULL, OPT_CROSS_READS },
+    { "flush-one-then-wait", required_argument, NULL, OPT_FLUSH_ONE },
+    { "no-final-flush", no_argument, NULL, OPT_NO_FINAL_FLUSH },
     { "verbose", no_argument, NULL, 'v' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 }
@@ -1177,14 +1500,20 @@ main (int argc, char *argv[])
     case OPT_FUA_ALL: fua_all = true; break;
     case OPT_EXPECT_ERRORS: expect_errors = true; break;
     case OPT_SELF_TEST: self_test = true; verify_all = true; break;
+    case OPT_CROSS_READS: cross_reads = true; break;
+    case OPT_FLUSH_ONE: flush_one_file = optarg; break;
+    case OPT_NO_FINAL_FLUSH: no_final_flush = true; break;
     case 'v': verbose = true; break;
     case 'h': usage (stdout, EXIT_SUCCESS);
     default: usage (stderr, 2);
     }
   }
   if (optind != argc || nr_uris == 0 || nr_conns == 0 || qd == 0 ||
-      chunk < 4096)
+      chunk < 4096 || (no_final_flush && !flush_one_file))
     usage (stderr, 2);
+  /* Reading the export back could write out what the one FLUSH missed. */
+  if (flush_one_file)
+    verify_all = false;
 
   first = connect_to (uris[0]);
   export_size = nbd_get_size (first);
@@ -1208,6 +1537,14 @@ main (int argc, char *argv[])
   can_trim = cap (first, nbd_can_trim);
   can_fast_zero = cap (first, nbd_can_fast_zero);
   can_flush = cap (first, nbd_can_flush);
+  if (flush_one_file && !can_flush) {
+    fprintf (stderr, "model-test: --flush-one-then-wait: the server "
+             "cannot flush\n");
+    exit (2);
+  }
+  if (cross_reads && cap (first, nbd_can_multi_conn) == 0)
+    fprintf (stderr, "model-test: warning: --cross-reads, but the server "
+             "does not advertise multi-conn\n");
 
   if (boundary_step) {
     uint64_t b;
@@ -1256,6 +1593,21 @@ main (int argc, char *argv[])
     exit (EXIT_FAILURE);
   }
   assign_chunks ();
+  chunk_gen = calloc (nr_all_chunks, sizeof *chunk_gen);
+  chunk_muts = calloc (nr_all_chunks, sizeof *chunk_muts);
+  if (chunk_gen == NULL || chunk_muts == NULL) {
+    perror ("calloc");
+    exit (EXIT_FAILURE);
+  }
+  if (flush_one_file) {
+    int err = pthread_barrier_init (&end_barrier, NULL, nr_conns);
+
+    if (err) {
+      errno = err;
+      perror ("pthread_barrier_init");
+      exit (EXIT_FAILURE);
+    }
+  }
   for (k = 0; k < nr_conns; ++k) {
     struct conn *c = &conns[k];
 
@@ -1266,7 +1618,7 @@ main (int argc, char *argv[])
       exit (EXIT_FAILURE);
     }
     c->rng = mix64 (seed * 0x100000001b3ULL + k);
-    c->hist = calloc (nr_ops ? nr_ops : 1, sizeof *c->hist);
+    c->hist = calloc (nr_ops + TAIL_WRITES, sizeof *c->hist);
     c->slots = calloc (qd, sizeof *c->slots);
     if (c->hist == NULL || c->slots == NULL) {
       perror ("calloc");
@@ -1321,6 +1673,9 @@ main (int argc, char *argv[])
     tot.mismatches += s->mismatches;
     tot.mismatch_bytes += s->mismatch_bytes;
     tot.errors += s->errors;
+    tot.cross_checked += s->cross_checked;
+    tot.cross_busy += s->cross_busy;
+    tot.cross_changed += s->cross_changed;
   }
 
   /* Verify while the connections are still open: their final flush
@@ -1329,10 +1684,11 @@ main (int argc, char *argv[])
    */
   if (verify_all)
     verify_runs = verify_export (&tot);
-  for (k = 0; k < nr_conns; ++k) {
-    nbd_shutdown (conns[k].nbd, 0);
-    nbd_close (conns[k].nbd);
-  }
+  if (!flush_one_file)
+    for (k = 0; k < nr_conns; ++k) {
+      nbd_shutdown (conns[k].nbd, 0);
+      nbd_close (conns[k].nbd);
+    }
   clock_gettime (CLOCK_MONOTONIC, &t1);
 
   if (dump_file)
@@ -1342,6 +1698,12 @@ main (int argc, char *argv[])
 
   ok = tot.mismatches == 0 && verify_runs == 0 &&
     (expect_errors || tot.errors == 0);
+  if (cross_reads)
+    printf ("model-test: cross reads: checked=%" PRIu64 " skipped=%" PRIu64
+            " (busy at issue %" PRIu64 ", changed during the read %" PRIu64
+            ")\n",
+            tot.cross_checked, tot.cross_busy + tot.cross_changed,
+            tot.cross_busy, tot.cross_changed);
   printf ("model-test: seed=%" PRIu64 " conns=%u qd=%u size=%" PRIu64
           ": read=%" PRIu64 " write=%" PRIu64 " zero=%" PRIu64
           " trim=%" PRIu64 " flush=%" PRIu64
@@ -1361,5 +1723,23 @@ main (int argc, char *argv[])
           tot.errors, expect_errors ? " (expected)" : "",
           (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9,
           ok ? "PASS" : "FAIL");
+
+  if (flush_one_file) {
+    FILE *fp;
+
+    fflush (stdout);
+    if (!ok)
+      return EXIT_FAILURE;
+    /* The dump is written; the one FLUSH was answered.  Tell the shell
+     * test, and keep the connections open until we are killed.
+     */
+    fp = fopen (flush_one_file, "w");
+    if (fp == NULL || fclose (fp) != 0) {
+      perror (flush_one_file);
+      exit (EXIT_FAILURE);
+    }
+    for (;;)
+      pause ();
+  }
   return ok ? EXIT_SUCCESS : EXIT_FAILURE;
 }

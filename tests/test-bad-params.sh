@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-bad-params.sh - every bad parameter stops nbdkit before it serves,
 # with an error that names the parameter or the file.
 #
-# For each case "nbdkit -U - plug ... --run" must exit non-zero without
-# running the --run command, and stderr must match the given pattern.
+# For each case "nbdkit -U SOCK plug ... --run" must exit non-zero
+# without running the --run command, and stderr must match the given
+# pattern.  Never "-U -": nbdkit makes its /tmp/nbdkitXXXXXX socket
+# directory before the configuration fails and leaves it behind; no
+# call of this test may leave such a directory (checked around each).
 #
 # The unreadable file (chmod 000) case runs nbdkit as nobody when the
 # test runs as root (root reads such a file anyway).
@@ -22,14 +28,37 @@ mkdir "$tmp/dir"
 ln -s "$tmp/nonexistent" "$tmp/dangling"
 good=$tmp/good.img
 
+# nbdkit's own temporary socket directories, one a line.
+nbdkit_tmpdirs ()
+{
+  ls -1d /tmp/nbdkit?????? 2>/dev/null | sort || :
+}
+
+# no_leftovers BEFORE WHAT: no nbdkit temporary directory appeared since
+# the listing BEFORE was taken.  (Another test running at the same time
+# may make one of its own: only a directory that is still there and was
+# not there before counts, and the test says which.)
+no_leftovers ()
+{
+  local new
+  new=$(comm -13 <(echo "$1") <(nbdkit_tmpdirs))
+  if [ -n "$new" ]; then
+    echo "$0: $2 left nbdkit temporary directories behind: $new"
+    exit 1
+  fi
+}
+
 # bad PATTERN ARGS...: nbdkit plug ARGS must fail and say PATTERN.
 bad ()
 {
-  local pattern=$1 rc=0
+  local pattern=$1 rc=0 before
   shift
-  rm -f "$tmp/ran"
-  nbdkit -U - "$PLUGIN" "$@" --run ": > $tmp/ran" 2> "$tmp/err" || rc=$?
+  rm -f "$tmp/ran" "$tmp/sock"
+  before=$(nbdkit_tmpdirs)
+  nbdkit -U "$tmp/sock" "$PLUGIN" "$@" --run ": > $tmp/ran" 2> "$tmp/err" ||
+    rc=$?
   cat "$tmp/err"
+  no_leftovers "$before" "nbdkit plug $*"
   if [ $rc -eq 0 ] || [ -e "$tmp/ran" ]; then
     echo "$0: nbdkit plug $* did not fail"
     exit 1
@@ -40,10 +69,13 @@ bad ()
   fi
 }
 
+all_before=$(nbdkit_tmpdirs)
+
 # Control: the good file serves (so the failures below are the
-# parameters', not the harness's).
-nbdkit -U - "$PLUGIN" "$good" --run ": > $tmp/ran"
-test -e "$tmp/ran"
+# parameters', not the harness's), and the server exits cleanly.
+start_plug good "$good"
+nbdsh_sys -u "$(server_uri good)" -c 'assert h.get_size() == 1024 * 1024'
+stop_server good
 
 # Files.
 bad "$tmp/nonexistent" "$tmp/nonexistent"
@@ -56,22 +88,30 @@ bad "no backing file given" mode=hold
 # Unreadable file.  Root reads a chmod 000 file anyway, so as root run
 # nbdkit as nobody (setpriv), after checking that nobody can serve a
 # readable file from the same directory.
-mkdir "$tmp/pub"
+# The socket goes in a directory nobody may write to.
+mkdir "$tmp/pub" "$tmp/pub/run"
 chmod 755 "$tmp" "$tmp/pub"
+chmod 777 "$tmp/pub/run"
 truncate -s 1M "$tmp/pub/readable.img" "$tmp/pub/unreadable.img"
 chmod 666 "$tmp/pub/readable.img"
 chmod 000 "$tmp/pub/unreadable.img"
 as=()
 if [ "$(id -u)" -eq 0 ]; then
   as=(setpriv --reuid=65534 --regid=65534 --clear-groups)
-  "${as[@]}" nbdkit -U - "$PLUGIN" "$tmp/pub/readable.img" --run 'exit 0' ||
-    as=(skip)
+  before=$(nbdkit_tmpdirs)
+  rm -f "$tmp/pub/run/sock"
+  "${as[@]}" nbdkit -U "$tmp/pub/run/sock" "$PLUGIN" "$tmp/pub/readable.img" \
+             --run 'exit 0' || as=(skip)
+  no_leftovers "$before" "nbdkit as nobody"
 fi
 if [ "${as[*]}" != skip ]; then
   rc=0
-  "${as[@]}" nbdkit -U - "$PLUGIN" "$tmp/pub/unreadable.img" \
+  before=$(nbdkit_tmpdirs)
+  rm -f "$tmp/pub/run/sock"
+  "${as[@]}" nbdkit -U "$tmp/pub/run/sock" "$PLUGIN" "$tmp/pub/unreadable.img" \
              --run 'exit 0' 2> "$tmp/err" || rc=$?
   cat "$tmp/err"
+  no_leftovers "$before" "nbdkit plug unreadable.img"
   test $rc -ne 0
   grep "file=$tmp/pub/unreadable.img: open: Permission denied" "$tmp/err"
 else
@@ -107,3 +147,6 @@ bad "remote-connections=0" "$good" remote-connections=0
 bad "remote-connections=17" "$good" remote-connections=17
 bad "remote-queue-depth=0" "$good" remote-queue-depth=0
 bad "direct=sometimes" "$good" direct=sometimes
+
+# And over the whole test.
+no_leftovers "$all_before" "$0"

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-boundary.sh - data round-trips across backing-file boundaries.
 #
 # Three files of odd sizes are concatenated.  Writes that span two and
@@ -11,8 +14,7 @@ set -e
 set -x
 
 requires nbdkit --version
-requires nbdsh --version
-requires python3 --version
+requires nbdsh_sys --version
 plug_tmpdir
 
 # Odd sizes: no boundary is aligned to anything.
@@ -28,8 +30,8 @@ for mode in writeback hold; do
   done
   export mode
 
-  nbdkit -U - "$PLUGIN" "${files[@]}" mode=$mode \
-         --run 'nbdsh -u "$uri" -c -' <<'EOF'
+  start_plug $mode "${files[@]}" mode=$mode
+  nbdsh_sys -u "$(server_uri $mode)" -c - <<'EOF'
 import os
 b1 = 300007                     # first boundary
 b2 = b1 + 65537                 # second boundary
@@ -82,6 +84,7 @@ for off, n in [(b1 - 1, 2), (b2 - 1, 2), (b1 - 100, 65537 + 200)]:
 with open(os.environ["tmp"] + "/expected-" + os.environ["mode"], "wb") as f:
     f.write(img)
 EOF
+  stop_server $mode
 
   # The server has exited: the files themselves hold the image, at their
   # original sizes.

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Waiting for a backend that says "not now" costs no CPU: hold mode,
 # -D plug.inject_eagain=1 (every backend write fails with EAGAIN),
 # retry-timeout=3s retry-max-delay=100ms, one write.  Over the ~3 s the
@@ -19,15 +22,10 @@ test -f "$PLUGIN"
 plug_tmpdir
 
 truncate -s 1M "$tmp/img"
-nbdkit -f -U "$tmp/sock" -P "$tmp/pid" -D plug.inject_eagain=1 \
-       "$PLUGIN" file="$tmp/img" mode=hold \
-       retry-timeout=3s retry-max-delay=100ms statsfile="$tmp/stats.json" &
-pid=$!
-cleanup_fn kill -KILL $pid
-wait_for_file "$tmp/pid"
-wait_for_file "$tmp/sock"
+start_plug srv -D plug.inject_eagain=1 -- file="$tmp/img" mode=hold \
+           retry-timeout=3s retry-max-delay=100ms statsfile="$tmp/stats.json"
 
-/usr/bin/python3 - "$tmp/sock" $pid <<'EOF'
+timeout 60 /usr/bin/python3 - "$(server_sock srv)" "$(server_pid srv)" <<'EOF'
 import errno, nbd, os, sys, time
 sock, pid = sys.argv[1], int(sys.argv[2])
 tick = os.sysconf("SC_CLK_TCK")
@@ -59,8 +57,7 @@ h.shutdown()
 EOF
 
 # No client left: the server exits at once and writes statsfile.
-kill -TERM $pid
-wait $pid || :
+stop_server srv
 cat "$tmp/stats.json"
 /usr/bin/python3 - "$tmp/stats.json" <<'EOF'
 import json, sys

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-dump-plugin.sh - nbdkit plug --dump-plugin and --help work
 # without any file, and say what the plugin is and takes.
 #

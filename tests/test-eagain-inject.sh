@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Backend "not now" (EAGAIN) is retried, never lost: with
 # -D plug.inject_eagain=N (every Nth backend write fails with EAGAIN) for
 # N = 2, 7, 50, in both modes, a workload of random writes, reads and
@@ -92,10 +95,10 @@ for mode in writeback hold; do
     /usr/bin/python3 -c 'import random, sys
 open(sys.argv[1], "wb").write(random.Random(9).randbytes(4 << 20))' "$img"
     start=$(date +%s%N)
-    timeout 60 \
-      nbdkit -U - -D plug.inject_eagain=$n "$PLUGIN" file="$img" mode=$mode \
-             statsfile="$json" \
-             --run "/usr/bin/python3 $tmp/client.py \"\$uri\" $img $n"
+    start_plug $mode-$n -D plug.inject_eagain=$n -- file="$img" mode=$mode \
+               statsfile="$json"
+    timeout 60 /usr/bin/python3 $tmp/client.py "$(server_uri $mode-$n)" $img $n
+    stop_server $mode-$n
     end=$(date +%s%N)
     /usr/bin/python3 - "$json" "$mode inject_eagain=$n" <<'EOF'
 import json, sys

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-extents.sh - block status reports the holes of sparse backing
 # files, and never reports held data as a hole.
 #
@@ -14,8 +17,7 @@ set -e
 set -x
 
 requires nbdkit --version
-requires nbdsh --version
-requires python3 --version
+requires nbdsh_sys --version
 plug_tmpdir
 
 export tmp
@@ -31,9 +33,9 @@ for mode in writeback hold; do
   truncate -s 1M "$tmp/$mode-1.img"
   export mode
 
-  nbdkit -U - "$PLUGIN" "$tmp/$mode-0.img" "$tmp/$mode-1.img" \
-         mode=$mode "${params[@]}" \
-         --run 'nbdsh --base-allocation -u "$uri" -c -' <<'EOF'
+  start_plug $mode "$tmp/$mode-0.img" "$tmp/$mode-1.img" \
+             mode=$mode "${params[@]}"
+  nbdsh_sys --base-allocation -u "$(server_uri $mode)" -c - <<'EOF'
 import os
 K = 1024
 M = 1024 * K
@@ -89,4 +91,5 @@ if mode == "writeback":
     assert flags_over(M + 576 * K, 448 * K) == {HOLE}
     assert h.pread(64 * K, M + 512 * K) == b"\x33" * (64 * K)
 EOF
+  stop_server $mode
 done

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Writeback mode with idle=10s max-delay=60s, so nothing leaves the plug
 # by itself during the test.  Reading the backing file directly (not
 # through the server) while the server runs:
@@ -63,10 +66,10 @@ EOF
 
 # direct=never: the requests must wait in the plug (with the default,
 # a request that cannot merge would be written at once instead).
-timeout 60 \
-  nbdkit -U - "$PLUGIN" file="$img" mode=writeback idle=10s max-delay=60s direct=never \
-         statsfile="$tmp/stats.json" \
-         --run "/usr/bin/python3 $tmp/client.py \"\$uri\" $img"
+start_plug srv file="$img" mode=writeback idle=10s max-delay=60s direct=never \
+           statsfile="$tmp/stats.json"
+timeout 60 /usr/bin/python3 $tmp/client.py "$(server_uri srv)" $img
+stop_server srv
 
 cat "$tmp/stats.json"
 /usr/bin/python3 - "$tmp/stats.json" <<'EOF'

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-flush-fua.sh - after a FLUSH or FUA reply the data is in the
 # backing file, in both modes.
 #
@@ -14,8 +17,7 @@ set -e
 set -x
 
 requires nbdkit --version
-requires nbdsh --version
-requires python3 --version
+requires nbdsh_sys --version
 plug_tmpdir
 
 export tmp
@@ -29,9 +31,9 @@ for mode in writeback hold; do
   truncate -s 1M "$tmp/$mode-1.img"
   export mode
 
-  nbdkit -U - "$PLUGIN" "$tmp/$mode-0.img" "$tmp/$mode-1.img" \
-         mode=$mode "${params[@]}" \
-         --run 'nbdsh -u "$uri" -c -' <<'EOF'
+  start_plug $mode "$tmp/$mode-0.img" "$tmp/$mode-1.img" \
+             mode=$mode "${params[@]}"
+  nbdsh_sys -u "$(server_uri $mode)" -c - <<'EOF'
 import os, time
 K = 1024
 M = 1024 * K
@@ -84,4 +86,5 @@ timed("flush", h.flush)
 for fd in fds:
     os.close(fd)
 EOF
+  stop_server $mode
 done

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # A backend that never recovers: -D plug.inject_eagain=1 makes every
 # backend write fail with EAGAIN; retry-timeout=300ms.
 #  - hold mode: the write fails with EIO after about retry-timeout, and
@@ -80,11 +83,10 @@ for mode in hold writeback; do
   img=$tmp/$mode.img
   /usr/bin/python3 -c 'import sys
 open(sys.argv[1], "wb").write(b"O" * (1 << 20))' "$img"
-  timeout 60 \
-    nbdkit -U - -D plug.inject_eagain=1 "$PLUGIN" file="$img" mode=$mode \
-           direct=never \
-           retry-timeout=300ms statsfile="$tmp/$mode.json" \
-           --run "/usr/bin/python3 $tmp/client.py \"\$uri\" $img $mode"
+  start_plug $mode -D plug.inject_eagain=1 -- file="$img" mode=$mode \
+             direct=never retry-timeout=300ms statsfile="$tmp/$mode.json"
+  timeout 60 /usr/bin/python3 $tmp/client.py "$(server_uri $mode)" $img $mode
+  stop_server $mode
   cat "$tmp/$mode.json"
   /usr/bin/python3 - "$tmp/$mode.json" $mode <<'EOF'
 import json, sys

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # The plug's limits, with idle=10s max-delay=60s so that no timer
 # unplugs (writeback mode: a write's reply does not wait for an unplug):
 #  - max-requests=8 unplugs at 8 held requests;
 #  - max-bytes=64k unplugs at 64 KiB held;
 #  - max-merge=16k caps the merged backend I/O (statsfile, and the
-#    largest pwritev strace saw, when strace is there).
+#    largest pwritev strace saw, when strace is there: strace -ff, one
+#    output file per thread, so that no call is split into
+#    "unfinished" and "resumed" lines).
 # 64 sequential 4 KiB writes at queue depth 16, then a flush.
 source ./functions.sh
 set -e
@@ -56,10 +61,11 @@ run ()
   truncate -s 1M "$img"
   # direct=never: the requests must wait in the plug (with the default,
   # a request that cannot merge would be written at once instead).
-  timeout 60 \
-    $strace nbdkit -U - "$PLUGIN" file="$img" mode=writeback \
-           idle=10s max-delay=60s direct=never statsfile="$tmp/$name.json" "$@" \
-           --run "/usr/bin/python3 $tmp/client.py \"\$uri\" $img $n $bs"
+  SERVER_WRAP=$strace \
+    start_plug $name file="$img" mode=writeback \
+               idle=10s max-delay=60s direct=never statsfile="$tmp/$name.json" "$@"
+  timeout 60 /usr/bin/python3 $tmp/client.py "$(server_uri $name)" $img $n $bs
+  stop_server $name
   cat "$tmp/$name.json"
 }
 
@@ -90,8 +96,9 @@ check max-bytes 'u["max-bytes"] > 0' 'lp["bytes"] <= 65536' \
       'u["idle"] == 0 and u["max-delay"] == 0' \
       "w['bytes'] == $n * $bs"
 
-if strace -f -o /dev/null true >/dev/null 2>&1; then
-  strace="strace -f -qq -e trace=pwritev,pwritev2,pwrite64 -o $tmp/strace.out"
+if strace -ff -o "$tmp/probe" true >/dev/null 2>&1; then
+  mkdir "$tmp/strace"
+  strace="strace -ff -qq -e trace=pwritev,pwritev2,pwrite64 -o $tmp/strace/t"
 fi
 run max-merge max-merge=16k
 # All 64 writes sit in one plug until the flush: 256K in runs of at most
@@ -101,9 +108,21 @@ check max-merge 'u["flush"] == 1' 'lp["requests"] == 64' \
       "w['bytes'] == $n * $bs" "w['ops'] >= w['bytes'] // 16384" \
       "w['ops'] == w['bytes'] // 16384"
 if [ -n "$strace" ]; then
-  largest=$(sed -n 's/.*pwrite[v2-4]* *(.*= *\([0-9]*\)$/\1/p' "$tmp/strace.out" |
-            sort -n | tail -1)
-  echo "largest backend write: $largest bytes"
+  # Every line of a per-thread file is one whole call.  The backend
+  # writes are the pwrite family calls (socket replies are sendmsg or
+  # write); their return value is the byte count.
+  cat "$tmp"/strace/t.* > "$tmp/strace.all"
+  if grep -E 'unfinished|resumed' "$tmp/strace.all"; then
+    echo "$0: strace -ff still split a call"
+    exit 1
+  fi
+  calls=$(grep -cE '^pwrite(v|v2|64)\(' "$tmp/strace.all" || :)
+  largest=$(sed -nE 's/^pwrite(v|v2|64)\(.*\) += ([0-9]+)$/\2/p' \
+                "$tmp/strace.all" | sort -n | tail -1)
+  total=$(sed -nE 's/^pwrite(v|v2|64)\(.*\) += ([0-9]+)$/\2/p' \
+              "$tmp/strace.all" | awk '{ n += $1 } END { print n + 0 }')
+  echo "backend writes seen by strace: $calls, $total bytes, largest $largest"
   test "$largest" -le 16384
   test "$largest" -gt 0
+  test "$total" -eq $((n * bs))
 fi

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Merging, measured outside the plugin: 4096 sequential 4 KiB writes at
 # queue depth 16 reach the backing file as at least 8x fewer write
 # system calls (strace -c) in writeback mode (the default) and at least
@@ -69,11 +72,10 @@ run ()
   local name=$1
   shift
   truncate -s $((n * 4096)) "$tmp/$name.img"
-  timeout 120 \
-    strace -f -c -o "$tmp/$name.strace" \
-           -e trace=pwrite64,pwritev,pwritev2 \
-    nbdkit -U - "$@" \
-           --run "/usr/bin/python3 $tmp/seqw.py \"\$uri\" $n $qd"
+  SERVER_WRAP="strace -f -c -o $tmp/$name.strace -e trace=pwrite64,pwritev,pwritev2" \
+    start_server $name "$@"
+  timeout 120 /usr/bin/python3 $tmp/seqw.py "$(server_uri $name)" $n $qd
+  stop_server $name
   cat "$tmp/$name.strace"
 }
 
@@ -129,9 +131,10 @@ done
 # same merging.
 for mode in writeback hold; do
   truncate -s $((n * 4096)) "$tmp/d-$mode.img"
-  timeout 120 nbdkit -U - "$PLUGIN" file="$tmp/d-$mode.img" mode=$mode \
-      statsfile="$tmp/d-$mode.json" \
-      --run "/usr/bin/python3 $tmp/seqw.py \"\$uri\" $n $qd"
+  start_plug d-$mode file="$tmp/d-$mode.img" mode=$mode \
+             statsfile="$tmp/d-$mode.json"
+  timeout 120 /usr/bin/python3 $tmp/seqw.py "$(server_uri d-$mode)" $n $qd
+  stop_server d-$mode
   ops=$(jget "$tmp/d-$mode.json" backend.write.ops)
   f=$factor
   [ $mode = hold ] && f=4

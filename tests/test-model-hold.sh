@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Hold mode keeps the data of random concurrent operations: reads during
 # the run, a full read at the end and the backing files after the server
 # exited all match model-test's reference.

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # One plug holding writes for several backing files dispatches per file,
 # sorted and merged: three concatenated 256K files, the first 64K of
 # each filled by 4K writes in shuffled order (interleaved across the
@@ -59,10 +62,11 @@ done
 
 # direct=never: the requests must wait in the plug (with the default,
 # a request that cannot merge would be written at once instead).
-timeout 60 \
-  nbdkit -U - "$PLUGIN" file="$tmp/f0" file="$tmp/f1" file="$tmp/f2" \
-         mode=writeback idle=10s max-delay=60s direct=never statsfile="$tmp/stats.json" \
-         --run "/usr/bin/python3 $tmp/client.py \"\$uri\" ${files[*]}"
+start_plug srv file="$tmp/f0" file="$tmp/f1" file="$tmp/f2" \
+           mode=writeback idle=10s max-delay=60s direct=never \
+           statsfile="$tmp/stats.json"
+timeout 60 /usr/bin/python3 $tmp/client.py "$(server_uri srv)" "${files[@]}"
+stop_server srv
 
 cat "$tmp/stats.json"
 /usr/bin/python3 - "$tmp/stats.json" <<'EOF'

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-qemu-img.sh - qemu's NBD client (qemu-img, qemu-io) against the plug.
 #
 # For mode=writeback and mode=hold, on a concatenation of three files with the

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Read-your-writes in writeback mode with idle=10s max-delay=60s: a read
 # overlapping held data on the same connection returns the new data at
 # once (it unplugs: unplugs.read >= 1), while a read that does not
@@ -58,10 +61,10 @@ for case in overlap apart; do
 open(sys.argv[1], "wb").write(b"O" * (1 << 20))' "$img"
   # direct=never: the requests must wait in the plug (with the default,
   # a request that cannot merge would be written at once instead).
-  timeout 60 \
-    nbdkit -U - "$PLUGIN" file="$img" mode=writeback idle=10s max-delay=60s direct=never \
-           statsfile="$tmp/$case.json" \
-           --run "/usr/bin/python3 $tmp/client.py \"\$uri\" $img $case"
+  start_plug $case file="$img" mode=writeback idle=10s max-delay=60s \
+             direct=never statsfile="$tmp/$case.json"
+  timeout 60 /usr/bin/python3 $tmp/client.py "$(server_uri $case)" $img $case
+  stop_server $case
   cat "$tmp/$case.json"
   /usr/bin/python3 - "$tmp/$case.json" $case <<'EOF'
 import json, sys

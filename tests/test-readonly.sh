@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-readonly.sh - with nbdkit -r the export refuses writes and serves
 # reads.
 #
@@ -11,19 +14,18 @@ set -e
 set -x
 
 requires nbdkit --version
-requires nbdsh --version
-requires python3 --version
+requires nbdsh_sys --version
 plug_tmpdir
 
-python3 -c 'import sys; sys.stdout.buffer.write(bytes(range(256)) * 4096)' \
+/usr/bin/python3 -c 'import sys; sys.stdout.buffer.write(bytes(range(256)) * 4096)' \
         > "$tmp/0.img"
-python3 -c 'import sys; sys.stdout.buffer.write(b"\x5a" * 65536)' \
+/usr/bin/python3 -c 'import sys; sys.stdout.buffer.write(b"\x5a" * 65536)' \
         > "$tmp/1.img"
 cat "$tmp/0.img" "$tmp/1.img" > "$tmp/expected"
 
 for mode in writeback hold; do
-  nbdkit -r -U - "$PLUGIN" "$tmp/0.img" "$tmp/1.img" mode=$mode \
-         --run 'nbdsh -u "$uri" -c -' <<'EOF'
+  start_plug $mode -r -- "$tmp/0.img" "$tmp/1.img" mode=$mode
+  nbdsh_sys -u "$(server_uri $mode)" -c - <<'EOF'
 import errno
 M = 1024 * 1024
 assert h.is_read_only()
@@ -46,5 +48,6 @@ for hh in (h, h2):
 assert h.pread(512, M - 256) == bytes(range(256)) + b"\x5a" * 256
 h.flush()
 EOF
+  stop_server $mode
   cat "$tmp/0.img" "$tmp/1.img" | cmp - "$tmp/expected"
 done

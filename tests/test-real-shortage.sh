@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # A real resource shortage, no injection: max-inflight=1 (one backend
 # I/O at a time on the file, all connections together) and 4 client
 # processes writing at once, each to its own 1 MiB region.  Dispatch
@@ -70,6 +73,7 @@ EOF
 # The four clients at once; fail if any fails.
 cat > "$tmp/clients.sh" <<EOF
 pids=
+trap 'kill \$pids 2>/dev/null; exit 143' TERM
 for i in 0 1 2 3; do
   /usr/bin/python3 $tmp/client.py "\$1" "\$2" \$i &
   pids="\$pids \$!"
@@ -82,10 +86,10 @@ EOF
 for mode in writeback hold; do
   img=$tmp/$mode.img
   truncate -s 4M "$img"
-  timeout 60 \
-    nbdkit -U - -D plug.backend_delay_us=1000 "$PLUGIN" file="$img" \
-           mode=$mode max-inflight=1 max-bytes=128k statsfile="$tmp/$mode.json" \
-           --run "sh $tmp/clients.sh \"\$uri\" $img"
+  start_plug $mode -D plug.backend_delay_us=1000 -- file="$img" \
+             mode=$mode max-inflight=1 max-bytes=128k statsfile="$tmp/$mode.json"
+  timeout 60 sh $tmp/clients.sh "$(server_uri $mode)" $img
+  stop_server $mode
   /usr/bin/python3 - "$tmp/$mode.json" $mode <<'EOF'
 import json, sys
 st = json.load(open(sys.argv[1]))

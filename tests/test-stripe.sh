@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-stripe.sh - stripe=64k: data round-trips across stripe units and
 # lands in the right file.
 #
@@ -12,8 +15,7 @@ set -e
 set -x
 
 requires nbdkit --version
-requires nbdsh --version
-requires python3 --version
+requires nbdsh_sys --version
 plug_tmpdir
 
 export tmp
@@ -27,8 +29,8 @@ for mode in writeback hold; do
   done
   export mode
 
-  nbdkit -U - "$PLUGIN" stripe=64k "${files[@]}" mode=$mode \
-         --run 'nbdsh -u "$uri" -c -' <<'EOF'
+  start_plug $mode stripe=64k "${files[@]}" mode=$mode
+  nbdsh_sys -u "$(server_uri $mode)" -c - <<'EOF'
 import os
 U = 65536
 size = 3 * 1024 * 1024
@@ -64,9 +66,10 @@ for off, n in [(U - 1, 2), (3 * U - 10, 20), (U - 500, 4 * U)]:
 with open(os.environ["tmp"] + "/expected-" + os.environ["mode"], "wb") as f:
     f.write(img)
 EOF
+  stop_server $mode
 
   # The server has exited: file k holds units k, k+3, k+6, ...
-  python3 - "$tmp/expected-$mode" "${files[@]}" <<'EOF'
+  /usr/bin/python3 - "$tmp/expected-$mode" "${files[@]}" <<'EOF'
 import sys
 U = 65536
 img = open(sys.argv[1], "rb").read()

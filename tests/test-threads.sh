@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # No deadlock when the client has more requests in flight than nbdkit
 # has worker threads: with -t 1, 2 and 4, bursts of 64 in-flight writes
 # (then reads and a flush) complete, in hold mode (every worker waits in
@@ -66,14 +69,15 @@ EOF
 # run MODE THREADS LIMIT-SECONDS [PLUG-ARGS...]
 run ()
 {
-  local mode=$1 t=$2 limit=$3 img start end ms rc=0
+  local mode=$1 t=$2 limit=$3 img start end ms rc=0 name
   shift 3
-  img=$tmp/$mode-$t-$#.img
+  name=$mode-$t-$#
+  img=$tmp/$name.img
   truncate -s 1M "$img"
+  start_plug $name -t $t -- file="$img" mode=$mode "$@"
   start=$(date +%s%N)
   timeout 60 \
-    nbdkit -U - -t $t "$PLUGIN" file="$img" mode=$mode "$@" \
-           --run "/usr/bin/python3 $tmp/burst.py \"\$uri\" $img.ref" || rc=$?
+    /usr/bin/python3 $tmp/burst.py "$(server_uri $name)" $img.ref || rc=$?
   end=$(date +%s%N)
   ms=$(( (end - start) / 1000000 ))
   if [ $rc -eq 124 ]; then
@@ -81,6 +85,7 @@ run ()
     exit 1
   fi
   test $rc -eq 0
+  stop_server $name
   cmp "$img" "$img.ref"
   echo "mode=$mode -t $t $*: ok in $ms ms"
   if [ $ms -gt $((limit * 1000)) ]; then

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-trim-zero.sh - trim and zero (with and without NO_HOLE) across
 # backing-file boundaries read back as zeroes.
 #
@@ -14,8 +17,7 @@ set -e
 set -x
 
 requires nbdkit --version
-requires nbdsh --version
-requires python3 --version
+requires nbdsh_sys --version
 plug_tmpdir
 
 K=1024
@@ -26,13 +28,13 @@ for mode in writeback hold; do
   files=()
   for i in 0 1 2 3; do
     f=$tmp/$mode-$i.img
-    python3 -c "import sys; sys.stdout.buffer.write(b'\xff' * ${sizes[i]})" > "$f"
+    /usr/bin/python3 -c "import sys; sys.stdout.buffer.write(b'\xff' * ${sizes[i]})" > "$f"
     files+=("$f")
   done
   export mode
 
-  nbdkit -U - "$PLUGIN" "${files[@]}" mode=$mode \
-         --run 'nbdsh -u "$uri" -c -' <<'EOF'
+  start_plug $mode "${files[@]}" mode=$mode
+  nbdsh_sys -u "$(server_uri $mode)" -c - <<'EOF'
 import os
 K = 1024
 b1, b2, b3 = 512 * K, 768 * K, 1280 * K
@@ -64,12 +66,13 @@ assert h.pread(size, 0) == img
 with open(os.environ["tmp"] + "/expected-" + os.environ["mode"], "wb") as f:
     f.write(img)
 EOF
+  stop_server $mode
 
   # The server has exited: the files hold the image ...
   cat "${files[@]}" | cmp - "$tmp/expected-$mode"
   # ... and the trim across the first boundary punched holes: the last
   # 64K of file 0 and the first 64K of file 1.
-  python3 - "${files[0]}" "${files[1]}" <<'EOF'
+  /usr/bin/python3 - "${files[0]}" "${files[1]}" <<'EOF'
 import os, sys
 K = 1024
 

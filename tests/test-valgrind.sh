@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # The plugin and the core run clean under valgrind memcheck: the unit
 # tests of src/, then nbdkit with the plugin in both modes under a random
 # model workload (reads, writes, zeros, trims, flushes, FUA, several
 # connections), with EAGAIN injection so that the requeue and retry
 # paths run too.  Any invalid access, use of uninitialised memory or
-# definite leak fails the test.  nbdkit's exit status under --run is
-# the command's, not valgrind's --error-exitcode (seen: a deliberate
-# leak still exited 0), so the plugin's runs are judged by valgrind's
-# log instead.
+# definite leak fails the test: the server runs in the background under
+# valgrind (start_server with SERVER_WRAP), so its exit status after
+# SIGTERM is valgrind's --error-exitcode when valgrind found errors,
+# and valgrind's log is checked as well.
 # Shown able to fail: with request_free() not freeing the data copy,
 # "valgrind found errors with mode=writeback".
 source ./functions.sh
@@ -43,12 +46,14 @@ for args in "mode=writeback" "mode=hold" "mode=writeback stripe=64k"; do
     truncate -s 5M "$tmp/b"
   fi
   rm -f "$tmp"/vg.*.log
+  name=vg-${args//[ =]/-}
   # shellcheck disable=SC2086
-  $vg --log-file="$tmp/vg.%p.log" \
-      nbdkit -D plug.inject_eagain=5 -U - "$PLUGIN" \
-      "$tmp/a" "$tmp/b" $args statsfile="$tmp/stats.json" \
-      --run '"$MODEL" --uri "$uri" --connections 2 --qd 16 --ops 300 \
-               --seed 7 --verify-all'
+  SERVER_WRAP="$vg --log-file=$tmp/vg.%p.log" \
+    start_plug $name -D plug.inject_eagain=5 -- \
+               "$tmp/a" "$tmp/b" $args statsfile="$tmp/stats.json"
+  timeout 300 "$MODEL" --uri "$(server_uri $name)" --connections 2 --qd 16 \
+          --ops 300 --seed 7 --verify-all
+  SERVER_STOP_TIMEOUT=120 stop_server $name
   grep '"eagain": [1-9]' "$tmp/stats.json"
   cat "$tmp"/vg.*.log
   if grep -qE 'definitely lost|indirectly lost|Invalid (read|write|free)|uninitialised|Mismatched free|Syscall param|ERROR SUMMARY: [1-9]' \

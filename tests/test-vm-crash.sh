@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-vm-crash.sh - crash consistency of mode=writeback through a real
 # client: the Linux kernel NBD driver and ext4, in a guest.
 #

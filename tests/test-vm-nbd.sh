@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-vm-nbd.sh - the Linux kernel NBD client against the plug, in a guest.
 #
 # One guest boot (TCG qemu, see vm/vm-lib.sh) runs nbdkit with the plug

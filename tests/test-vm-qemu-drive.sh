@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # test-vm-qemu-drive.sh - qemu's NBD block driver against the plug, as a
 # guest disk.
 #

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* tap.h: the smallest TAP producer that automake's tap-driver needs.
  *
  *   ok (cond, "fmt", ...);   one test point

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* test-layout: concat and stripe mapping, errors, and random ranges
  * checked byte by byte against a naive reference.
  */

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* test-plug: merging, sorting, conflicts and limits of the plug, then a
  * randomized model test: random writes, zeros, trims and flushes go
  * through plug_add/plug_take_runs and are "applied" to a byte array,

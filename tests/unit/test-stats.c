@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* test-stats: merging, the JSON file and the one-line summary. */
 
 #include <config.h>

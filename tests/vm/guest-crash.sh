@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # tests/vm/guest-crash.sh - guest scenario of tests/test-vm-crash.sh (sourced
 # by guest-init.sh).  The plug (mode=writeback, long idle and max-delay so
 # that acknowledged writes really sit in it) serves two files in tmpfs; ext4

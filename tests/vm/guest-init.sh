@@ -1,4 +1,7 @@
 #!/bb/busybox sh
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # tests/vm/guest-init.sh - /init of the test guest (busybox ash, PID 1).
 # Copied into the initramfs by vm_initramfs (vm-lib.sh).  Sets up the guest,
 # loads the virtio and nbd modules, defines helpers, then sources the

@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # tests/vm/guest-nbd.sh - guest scenario of tests/test-vm-nbd.sh (sourced by
 # guest-init.sh).  For each mode in $MODES: the plug serves two files in the
 # guest's tmpfs; the kernel nbd driver (nbd-client, netlink) gets ext4 and a

@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # tests/vm/guest-vda.sh - guest scenario of tests/test-vm-qemu-drive.sh
 # (sourced by guest-init.sh).  For each disk in $DISKS (virtio disks that
 # qemu serves from the host's nbdkit through its NBD client): mkfs.ext4,

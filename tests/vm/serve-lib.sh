@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # tests/vm/serve-lib.sh - start and stop nbdkit with the plugin under test on
 # the host.  Sourced by tests/test-qemu-img.sh and tests/test-vm-*.sh after
 # ./functions.sh.  Bash.
@@ -20,26 +23,19 @@
 # plug_resolve           set PLUGIN_SO (path of the .so) and PLUGIN_KIND
 #                        (plug | null | memory) from $PLUGIN; FAIL if missing
 # serve SOCK ARGS...     start "nbdkit -f -U SOCK PLUGIN ARGS..." in the
-#                        background, wait until it serves; sets SERVE_PID
-# serve_stop PID         SIGTERM, wait (at most 60 s), FAIL unless exit 0
-# fail MSG...            print "FAIL: MSG" and exit 1
-
-fail ()
-{
-  echo "$0: FAIL: $*" >&2
-  exit 1
-}
+#                        background, wait until it serves; sets SERVE_PID.
+#                        SOCK must be $tmp/NAME.sock: this is start_server
+#                        NAME (functions.sh), whose log is $tmp/NAME.log
+# serve_stop PID         stop_server for the server SERVE_PID was: SIGTERM,
+#                        wait (at most 60 s), FAIL unless it exited 0
+#                        without a sanitizer report
+# fail MSG...            print "FAIL: MSG" and exit 1 (functions.sh)
 
 # Log with the seconds since the test started.
 _t0=$SECONDS
 say ()
 {
   printf '[%3ds] %s\n' "$((SECONDS - _t0))" "$*"
-}
-
-_kill_quietly ()
-{
-  kill -9 "$@" 2>/dev/null || :
 }
 
 plug_resolve ()
@@ -82,37 +78,26 @@ plug_argv ()
   PLUG_ARGV+=(${TEST_NBDKIT_PARAMS:-})
 }
 
+declare -A _serve_name=()       # nbdkit pid -> start_server name
+
 serve ()
 {
-  local sock=$1 i
+  local sock=$1 name
   shift
+  [ "$(dirname "$sock")" = "$tmp" ] && [[ $sock == *.sock ]] ||
+    fail "serve: the socket must be \$tmp/NAME.sock, not $sock"
+  name=$(basename "$sock" .sock)
   plug_argv "$@"
-  rm -f "$sock"
   # shellcheck disable=SC2086
-  nbdkit -f ${TEST_NBDKIT_OPTS:-} -U "$sock" "$PLUGIN_SO" "${PLUG_ARGV[@]}" &
-  SERVE_PID=$!
-  cleanup_fn _kill_quietly "$SERVE_PID"
-  for ((i = 0; i < 300; ++i)); do
-    [ -S "$sock" ] && return 0
-    kill -0 "$SERVE_PID" 2>/dev/null ||
-      fail "nbdkit exited at start: nbdkit $PLUGIN_SO ${PLUG_ARGV[*]}"
-    sleep 0.1
-  done
-  fail "nbdkit did not create $sock within 30 s"
+  start_server "$name" ${TEST_NBDKIT_OPTS:-} "$PLUGIN_SO" "${PLUG_ARGV[@]}"
+  SERVE_PID=$SERVER_PID
+  _serve_name[$SERVE_PID]=$name
 }
 
 serve_stop ()
 {
-  local pid=$1 rc=0 i
-  kill -TERM "$pid" 2>/dev/null || :
-  for ((i = 0; i < 600; ++i)); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    kill -9 "$pid"
-    fail "nbdkit (pid $pid) still running 60 s after SIGTERM"
-  fi
-  wait "$pid" || rc=$?
-  [ "$rc" -eq 0 ] || fail "nbdkit (pid $pid) exited with status $rc after SIGTERM"
+  local name=${_serve_name[$1]:-}
+  [ -n "$name" ] || fail "serve_stop: $1 is not a server started by serve"
+  unset "_serve_name[$1]"
+  stop_server "$name"
 }

@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # tests/vm/vm-lib.sh - boot a throw-away Linux guest for the real-client
 # tests (kernel nbd driver, qemu-system).  Sourced by tests/test-vm-*.sh
 # after ./functions.sh and serve-lib.sh.  Bash.

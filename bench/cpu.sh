@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
+# shellcheck disable=SC2059 # printf formats are shared variables.
+# bench/cpu.sh: server CPU per request and throughput, the plug against
+# `nbdkit file`, in one run, on tmpfs, with fio's nbd engine.
+#
+# One measurement: a fresh sparse backing file in $BENCH_TMPDIR
+# (/dev/shm), a background server (nbdkit -f -U SOCK -P PIDFILE ...),
+# user+sys CPU of the server process from /proc/PID/stat before and
+# after one fio run (--ioengine=nbd, QD $BENCH_QD, $BENCH_SECONDS s,
+# --end_fsync=1 for writes: the final FLUSH is inside fio's runtime and
+# inside the CPU interval), then SIGTERM.  cpu_us_per_req = (after -
+# before) / fio's total_ios.
+#
+# Servers: base = nbdkit file FILE; wb = nbdkit PLUGIN FILE (writeback,
+# defaults); hold = the same with mode=hold (4k sequential only).
+# Repetitions interleaved (base, wb[, hold], then the reverse order,
+# ...), medians shown; ratios are taken within each repetition.
+#
+# Environment: BENCH_REPS (5), BENCH_SECONDS (2), BENCH_SIZE (256M),
+# BENCH_QD (16), BENCH_TMPDIR (/dev/shm), BENCH_HOG (0; 1: run
+# `stress-ng --cpu 1` beside the benchmark), BENCH_SCENARIOS (subset of
+# the names below), PLUGIN.  Raw lines on stderr, the table on stdout.
+
+set -euo pipefail
+BENCH_REPS=${BENCH_REPS:-5}
+BENCH_TMPDIR=${BENCH_TMPDIR:-/dev/shm}
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+# shellcheck source=server-lib.sh
+. "$(dirname "$0")/server-lib.sh"
+command -v fio >/dev/null || die "fio not found"
+
+qd=$BENCH_QD
+
+# name | fio --rw | --bs | servers
+scenarios=(
+  "rand4k-write|randwrite|4k|base wb"
+  "seq4k-write|write|4k|base wb hold"
+  "seq64k-write|write|64k|base wb"
+  "rand4k-read|randread|4k|base wb"
+)
+
+selected ()
+{
+  [ -z "${BENCH_SCENARIOS:-}" ] && return 0
+  case " $BENCH_SCENARIOS " in *" $1 "*) return 0 ;; esac
+  return 1
+}
+
+# measure KIND RW BS: prints "iops=N ios=N ticks=N cpu_us=X" and, for
+# the plug, "cops=N bops=N conns=N" (client / backend write ops, from
+# the statsfile).
+measure ()
+{
+  local kind=$1 rw=$2 bs=$3 file=$tmp/disk stats=$tmp/stats.json
+  local -a server fioargs=()
+  local t0 t1 ios out
+
+  case $rw in
+    read|randread) make_read_file; file=$read_file ;;
+    *) rm -f "$file"; truncate -s "$BENCH_SIZE" "$file"
+       fioargs=(--end_fsync=1) ;;
+  esac
+  rm -f "$stats" "$tmp/fio.json"
+  case $kind in
+    base) server=(file "$file") ;;
+    wb)   server=("$PLUGIN" "$file" "statsfile=$stats") ;;
+    hold) server=("$PLUGIN" "$file" mode=hold "statsfile=$stats") ;;
+  esac
+  start_server "${server[@]}"
+  t0=$(cpu_ticks "$server_pid")
+  fio --name=bench --ioengine=nbd --uri="$server_uri" \
+      --rw="$rw" --bs="$bs" --iodepth="$qd" --size="$BENCH_SIZE" \
+      --norandommap --time_based --runtime="$BENCH_SECONDS" \
+      "${fioargs[@]}" --output-format=json --output="$tmp/fio.json" \
+      >>"$tmp/fio.log" 2>&1 ||
+    die "fio failed against ${server[*]}: $(tail -n3 "$tmp/fio.log")"
+  t1=$(cpu_ticks "$server_pid")
+  stop_server
+  ios=$(fio_ios "$tmp/fio.json")
+  out="iops=$(fio_iops "$tmp/fio.json") ios=$ios ticks=$((t1 - t0))"
+  out+=" cpu_us=$(us_per_req $((t1 - t0)) "$ios")"
+  if [ "$kind" != base ]; then
+    [ -s "$stats" ] || die "no statsfile from the $kind run"
+    out+=$(jq -r '" cops=\(.client.write.ops) bops=\(.backend.write.ops)" +
+                  " conns=\(.connections)"' "$stats")
+  fi
+  [ "$file" != "$read_file" ] && rm -f "$file"
+  echo "$out"
+}
+
+start_hog
+hog="no"
+[ -n "$hog_pid" ] && hog="yes (stress-ng --cpu 1, pid $hog_pid)"
+
+echo "# nbdplug bench/cpu.sh  $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "# $(uname -srm), $(nproc) CPUs, load $(load_avg), $(nbdkit --version)," \
+     "$(fio --version), git $plugin_id"
+echo "# files in $BENCH_TMPDIR ($(df -PT "$tmp" | awk 'NR == 2 { print $2 }'))," \
+     "size $BENCH_SIZE, QD $qd, ${BENCH_SECONDS}s x $BENCH_REPS (median)," \
+     "CPU hog: $hog"
+echo "# iops from fio (writes: final FLUSH inside the runtime);" \
+     "us/req = server user+sys CPU / fio total_ios (medians over reps)"
+echo "# ratio = plug / base: median over reps of the ratio within one rep" \
+     "(adjacent runs, order reversed on even reps); us range = lowest..highest per-rep CPU ratio;" \
+     "ops/bk = fio ops / plug backend writes (statsfile), median"
+hdr="%-18s %9s %9s %6s %8s %8s %6s %11s %9s %7s\n"
+printf "$hdr" scenario base:iops plug:iops ratio base:us plug:us ratio \
+       "us range" fio-ops ops/bk
+
+for s in "${scenarios[@]}"; do
+  IFS='|' read -r name rw bs kinds <<<"$s"
+  selected "$name" || continue
+  declare -A iops=() cpu=() ios=() ri=() rc=() ob=()
+  for ((rep = 1; rep <= BENCH_REPS; rep++)); do
+    declare -A this=()
+    seq=$kinds
+    ((rep % 2 == 0)) && seq=$(tr ' ' '\n' <<<"$kinds" | tac | tr '\n' ' ')
+    for kind in $seq; do
+      line=$(measure "$kind" "$rw" "$bs")
+      echo "$name $kind $rep: $line load=$(load_avg)" >&2
+      this[$kind]=$line
+      iops[$kind]+=" $(field iops "$line")"
+      cpu[$kind]+=" $(field cpu_us "$line")"
+      ios[$kind]+=" $(field ios "$line")"
+    done
+    for kind in $kinds; do
+      [ "$kind" = base ] && continue
+      ri[$kind]+=" $(ratio "$(field iops "${this[$kind]}")" \
+                          "$(field iops "${this[base]}")")"
+      rc[$kind]+=" $(ratio "$(field cpu_us "${this[$kind]}")" \
+                          "$(field cpu_us "${this[base]}")")"
+      ob[$kind]+=" $(ratio "$(field ios "${this[$kind]}")" \
+                          "$(field bops "${this[$kind]}")")"
+    done
+    unset this
+  done
+  for kind in $kinds; do
+    [ "$kind" = base ] && continue
+    row=$name
+    [ "$kind" = hold ] && row="$name-hold"
+    opsbk="-"
+    # shellcheck disable=SC2086
+    case $rw in *write) opsbk=$(median ${ob[$kind]}) ;; esac
+    # shellcheck disable=SC2086
+    range=$(printf '%s\n' ${rc[$kind]} | sort -g |
+            awk 'NR == 1 { lo = $1 } { hi = $1 } END { print lo ".." hi }')
+    # shellcheck disable=SC2086
+    printf "$hdr" "$row" "$(median ${iops[base]})" "$(median ${iops[$kind]})" \
+           "$(median ${ri[$kind]})" \
+           "$(median ${cpu[base]})" "$(median ${cpu[$kind]})" \
+           "$(median ${rc[$kind]})" "$range" \
+           "$(median ${ios[$kind]})" "$opsbk"
+  done
+  unset iops cpu ios ri rc ob
+done
+echo "# load at end: $(load_avg)"
+exit 0

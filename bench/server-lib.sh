@@ -1,0 +1,125 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
+# shellcheck shell=bash disable=SC2154,SC2034 # $tmp is lib.sh's; server_uri is for the scripts.
+# bench/server-lib.sh: background nbdkit servers for cpu.sh,
+# flush-latency.sh and multiconn.sh.  Sourced after lib.sh (which makes
+# $tmp, copies the plugin to $PLUGIN and provides median/ratio/field).
+#
+# Unlike lib.sh's captive servers (nbdkit --run), these run in the
+# background with a pidfile, so that the script can read the server's
+# CPU time from /proc/PID/stat around the client run and check the
+# server's own exit status after SIGTERM.
+
+CLK_TCK=$(getconf CLK_TCK)
+server_pid=
+server_sock=
+hog_pid=
+
+# bench_cleanup: stop what this script started (by PID), remove $tmp.
+bench_cleanup ()
+{
+  if [ -n "$server_pid" ]; then
+    kill -TERM "$server_pid" 2>/dev/null || :
+    wait "$server_pid" 2>/dev/null || :
+  fi
+  if [ -n "$hog_pid" ]; then
+    kill -TERM "$hog_pid" 2>/dev/null || :
+    wait "$hog_pid" 2>/dev/null || :
+  fi
+  rm -rf "$tmp"
+}
+trap bench_cleanup EXIT
+
+# die (lib.sh's, plus): stop this (sub)shell's server first, so that a
+# failure inside $(measure ...) leaves no server behind.
+die ()
+{
+  echo "$0: $*" >&2
+  if [ -n "${server_pid:-}" ]; then
+    kill -TERM "$server_pid" 2>/dev/null || :
+    wait "$server_pid" 2>/dev/null || :
+  fi
+  exit 1
+}
+
+# start_server NBDKIT_ARGS...: nbdkit -f -U SOCKET -P PIDFILE ARGS in
+# the background; returns when the socket accepts connections.  Sets
+# server_pid, server_sock and server_uri.
+start_server ()
+{
+  local pidfile=$tmp/server.pid i
+  server_sock=$tmp/server.sock
+  rm -f "$server_sock" "$pidfile"
+  nbdkit -f -U "$server_sock" -P "$pidfile" "$@" >>"$tmp/server.log" 2>&1 &
+  server_pid=$!
+  for ((i = 0; i < 200; i++)); do
+    [ -S "$server_sock" ] && [ -s "$pidfile" ] && break
+    kill -0 "$server_pid" 2>/dev/null ||
+      die "server exited at start: nbdkit $* ($(tail -n3 "$tmp/server.log"))"
+    sleep 0.025
+  done
+  [ -s "$pidfile" ] || die "server did not start: nbdkit $*"
+  [ "$(cat "$pidfile")" = "$server_pid" ] ||
+    die "pidfile $(cat "$pidfile") != \$! $server_pid"
+  server_uri="nbd+unix:///?socket=$server_sock"
+}
+
+# stop_server: SIGTERM, wait, complain (stderr) about a non-zero exit.
+stop_server ()
+{
+  local rc=0
+  kill -TERM "$server_pid"
+  wait "$server_pid" || rc=$?
+  [ "$rc" = 0 ] ||
+    echo "WARNING: server exited with status $rc: $(tail -n3 "$tmp/server.log")" >&2
+  server_pid=
+  return 0
+}
+
+# cpu_ticks PID: user + system time of the whole process (all its
+# threads, live and exited), in clock ticks: fields 14 and 15 of
+# /proc/PID/stat, counted after the ")" that ends the command name.
+cpu_ticks ()
+{
+  sed 's/.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'
+}
+
+# start_hog: with BENCH_HOG=1, keep one core busy with stress-ng.
+start_hog ()
+{
+  [ "${BENCH_HOG:-0}" = 1 ] || return 0
+  if ! command -v stress-ng >/dev/null; then
+    echo "installing stress-ng" >&2
+    { apt-get install -y stress-ng || { apt-get update && apt-get install -y stress-ng; }; } >&2 ||
+      die "cannot install stress-ng"
+  fi
+  stress-ng --cpu 1 --timeout 3600 --quiet &
+  hog_pid=$!
+  sleep 0.5
+}
+
+# sum_fio_ios FILE: read + write + trim total_ios of all jobs of a fio
+# JSON file (syncs are not counted).
+fio_ios ()
+{
+  jq '[.jobs[] | .read.total_ios + .write.total_ios + .trim.total_ios] | add' "$1"
+}
+
+# fio_iops FILE: read + write + trim iops (group_reporting: of the group).
+fio_iops ()
+{
+  jq '[.jobs[] | .read.iops + .write.iops + .trim.iops] | add | floor' "$1"
+}
+
+# us_per_req TICKS OPS: CPU microseconds per request.
+us_per_req ()
+{
+  awk -v t="$1" -v n="$2" -v hz="$CLK_TCK" \
+    'BEGIN { if (n > 0) printf "%.2f", t * 1e6 / hz / n; else print "-" }'
+}
+
+load_avg ()
+{
+  cut -d' ' -f1-3 /proc/loadavg
+}

@@ -1,0 +1,42 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
+/* ratelimit.h: at most one message per interval, counting the rest
+ * (pure).
+ *
+ * A backend that fails every write must not fill the log: a failing
+ * range logs one line per interval, saying how many similar messages it
+ * suppressed since the last line.  The owner protects the struct.
+ */
+#ifndef NBDPLUG_RATELIMIT_H
+#define NBDPLUG_RATELIMIT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* One line per second. */
+#define RATELIMIT_INTERVAL_NS 1000000000ULL
+
+struct ratelimit {
+  uint64_t last_ns;             /* When the last line went out; 0: never. */
+  uint64_t suppressed;          /* Messages dropped since then. */
+};
+
+/* May a message go out at now?  If so, *suppressed is how many were
+ * dropped before it (and the count starts again); if not, it is counted.
+ */
+static inline bool
+ratelimit_allow (struct ratelimit *rl, uint64_t now, uint64_t *suppressed)
+{
+  if (rl->last_ns != 0 && now - rl->last_ns < RATELIMIT_INTERVAL_NS) {
+    rl->suppressed++;
+    return false;
+  }
+  *suppressed = rl->suppressed;
+  rl->suppressed = 0;
+  rl->last_ns = now ? now : 1;
+  return true;
+}
+
+#endif /* NBDPLUG_RATELIMIT_H */

@@ -1,0 +1,235 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
+/* shim-pwritev.so: an LD_PRELOAD shim for the tests that makes writes
+ * to one range of one file fail, as a disk that is full (or broken)
+ * there would.
+ *
+ * pwrite, pwrite64, pwritev, pwritev64, pwritev2, pwritev64v2, fallocate
+ * and fallocate64 fail with SHIM_ERRNO (default ENOSPC), without doing
+ * anything, when
+ *   - the file descriptor is the file SHIM_PATH (compared through
+ *     readlink of /proc/self/fd/N with SHIM_PATH's realpath), and
+ *   - the range [offset, offset+count) intersects [SHIM_FAIL_LO,
+ *     SHIM_FAIL_HI) (decimal bytes; default: the whole file), and
+ *   - the file SHIM_CONTROL, re-read at every call, says "fail" (its
+ *     first line; anything else, e.g. "ok", lets the calls through; no
+ *     SHIM_CONTROL at all means always fail).
+ * Everything else goes to the real function.  Each failure counts one
+ * in SHIM_COUNT (a file of one decimal number, rewritten) if set.
+ *
+ * Usage: LD_PRELOAD=.../shim-pwritev.so SHIM_PATH=disk.img
+ *        SHIM_FAIL_LO=0 SHIM_FAIL_HI=1048576 SHIM_CONTROL=ctl nbdkit ...
+ */
+
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static char target[PATH_MAX];
+static bool have_target;
+static uint64_t fail_lo, fail_hi = UINT64_MAX;
+static const char *control, *count_file;
+static int fail_errno = ENOSPC;
+static pthread_mutex_t count_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long failures;
+
+static void
+init (void)
+{
+  const char *s;
+
+  s = getenv ("SHIM_PATH");
+  if (s && realpath (s, target) != NULL)
+    have_target = true;
+  if ((s = getenv ("SHIM_FAIL_LO")) != NULL)
+    fail_lo = strtoull (s, NULL, 10);
+  if ((s = getenv ("SHIM_FAIL_HI")) != NULL)
+    fail_hi = strtoull (s, NULL, 10);
+  if ((s = getenv ("SHIM_ERRNO")) != NULL)
+    fail_errno = atoi (s);
+  control = getenv ("SHIM_CONTROL");
+  count_file = getenv ("SHIM_COUNT");
+}
+
+static void *
+real (const char *name)
+{
+  void *f = dlsym (RTLD_NEXT, name);
+
+  if (f == NULL) {
+    fprintf (stderr, "shim-pwritev: dlsym %s: %s\n", name, dlerror ());
+    abort ();
+  }
+  return f;
+}
+
+/* Does the control file say "fail"? */
+static bool
+failing_now (void)
+{
+  char buf[16];
+  ssize_t n;
+  int fd;
+
+  if (control == NULL)
+    return true;
+  fd = open (control, O_RDONLY | O_CLOEXEC);
+  if (fd == -1)
+    return false;
+  n = read (fd, buf, sizeof buf - 1);
+  close (fd);
+  if (n <= 0)
+    return false;
+  buf[n] = 0;
+  return strncmp (buf, "fail", 4) == 0;
+}
+
+static bool
+is_target (int fd)
+{
+  char link[64], path[PATH_MAX];
+  ssize_t n;
+
+  if (!have_target)
+    return false;
+  snprintf (link, sizeof link, "/proc/self/fd/%d", fd);
+  n = readlink (link, path, sizeof path - 1);
+  if (n <= 0)
+    return false;
+  path[n] = 0;
+  return strcmp (path, target) == 0;
+}
+
+static void
+count_failure (void)
+{
+  char buf[32];
+  int fd, len;
+
+  pthread_mutex_lock (&count_lock);
+  failures++;
+  if (count_file) {
+    fd = open (count_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd != -1) {
+      len = snprintf (buf, sizeof buf, "%lu\n", failures);
+      if (write (fd, buf, len) != len) {
+        /* A test aid: a short count file is seen by the test. */
+      }
+      close (fd);
+    }
+  }
+  pthread_mutex_unlock (&count_lock);
+}
+
+/* Must this call fail?  Sets errno if so. */
+static bool
+must_fail (int fd, uint64_t offset, uint64_t count)
+{
+  pthread_once (&once, init);
+  if (count == 0 || offset >= fail_hi || offset + count <= fail_lo)
+    return false;
+  if (!is_target (fd) || !failing_now ())
+    return false;
+  count_failure ();
+  errno = fail_errno;
+  return true;
+}
+
+static uint64_t
+iov_bytes (const struct iovec *iov, int iovcnt)
+{
+  uint64_t n = 0;
+  int i;
+
+  for (i = 0; i < iovcnt; ++i)
+    n += iov[i].iov_len;
+  return n;
+}
+
+ssize_t
+pwrite (int fd, const void *buf, size_t count, off_t offset)
+{
+  if (must_fail (fd, offset, count))
+    return -1;
+  return ((ssize_t (*) (int, const void *, size_t, off_t))
+          real ("pwrite")) (fd, buf, count, offset);
+}
+
+ssize_t
+pwrite64 (int fd, const void *buf, size_t count, off64_t offset)
+{
+  if (must_fail (fd, offset, count))
+    return -1;
+  return ((ssize_t (*) (int, const void *, size_t, off64_t))
+          real ("pwrite64")) (fd, buf, count, offset);
+}
+
+ssize_t
+pwritev (int fd, const struct iovec *iov, int iovcnt, off_t offset)
+{
+  if (must_fail (fd, offset, iov_bytes (iov, iovcnt)))
+    return -1;
+  return ((ssize_t (*) (int, const struct iovec *, int, off_t))
+          real ("pwritev")) (fd, iov, iovcnt, offset);
+}
+
+ssize_t
+pwritev64 (int fd, const struct iovec *iov, int iovcnt, off64_t offset)
+{
+  if (must_fail (fd, offset, iov_bytes (iov, iovcnt)))
+    return -1;
+  return ((ssize_t (*) (int, const struct iovec *, int, off64_t))
+          real ("pwritev64")) (fd, iov, iovcnt, offset);
+}
+
+ssize_t
+pwritev2 (int fd, const struct iovec *iov, int iovcnt, off_t offset,
+          int flags)
+{
+  if (offset != -1 && must_fail (fd, offset, iov_bytes (iov, iovcnt)))
+    return -1;
+  return ((ssize_t (*) (int, const struct iovec *, int, off_t, int))
+          real ("pwritev2")) (fd, iov, iovcnt, offset, flags);
+}
+
+ssize_t
+pwritev64v2 (int fd, const struct iovec *iov, int iovcnt, off64_t offset,
+             int flags)
+{
+  if (offset != -1 && must_fail (fd, offset, iov_bytes (iov, iovcnt)))
+    return -1;
+  return ((ssize_t (*) (int, const struct iovec *, int, off64_t, int))
+          real ("pwritev64v2")) (fd, iov, iovcnt, offset, flags);
+}
+
+int
+fallocate (int fd, int mode, off_t offset, off_t len)
+{
+  if (must_fail (fd, offset, len))
+    return -1;
+  return ((int (*) (int, int, off_t, off_t))
+          real ("fallocate")) (fd, mode, offset, len);
+}
+
+int
+fallocate64 (int fd, int mode, off64_t offset, off64_t len)
+{
+  if (must_fail (fd, offset, len))
+    return -1;
+  return ((int (*) (int, int, off64_t, off64_t))
+          real ("fallocate64")) (fd, mode, offset, len);
+}

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
+# Durability that a test can catch: a FLUSH and a FUA write make the
+# plugin sync the backing file, after the data reached it, before the
+# reply.  Seen two ways, so that neither a sync that is only counted nor
+# a counter that is only bumped passes:
+#  - statsfile: backend.sync.ops grows with the connection that sent a
+#    FLUSH, and with the one that sent a FUA write (one connection per
+#    step; the statsfile is rewritten at each close);
+#  - strace -ff -ttt -T -y: between the client sending the FLUSH (the FUA
+#    write) and getting its reply, the server entered fdatasync or fsync
+#    on the backing file's descriptor after the pwrite calls that put
+#    the data there had returned.  (Order through the one system clock
+#    strace and the client both read: no duration is asserted.)
+# Plain writes need no sync: their count is printed, not checked.
+# Both modes; writeback with idle=10s max-delay=60s direct=never, so
+# the data written before a FLUSH really waits in the plug for it.
+# Shown able to fail: with backing_sync() returning 0 instead of calling
+# fdatasync, "no fdatasync or fsync of the backing file"; with the
+# sync not counted in the statistics, "backend.sync.ops did not grow".
+source ./functions.sh
+set -e
+set -x
+
+requires test -x /usr/bin/python3
+requires /usr/bin/python3 -c 'import nbd'
+requires nbdkit --version
+requires strace -ff -o /dev/null true
+test -f "$PLUGIN"
+
+plug_tmpdir
+
+cat > "$tmp/client.py" <<'EOF'
+import json, nbd, os, sys, time
+uri, statsfile, out = sys.argv[1:4]
+K = 65536
+events = {}
+
+def stats_after(n):
+    """The statistics once n connections have closed."""
+    while True:
+        try:
+            st = json.load(open(statsfile))
+            if st["connections"] >= n:
+                return st
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+
+def session():
+    h = nbd.NBD()
+    h.connect_uri(uri)
+    return h
+
+# 1. A write, then a FLUSH.
+h = session()
+h.pwrite(b"B" * K, 0)
+t1 = time.time()
+h.flush()
+t2 = time.time()
+h.shutdown()
+s1 = stats_after(1)
+events["flush"] = {"start": t1, "end": t2, "off": 0, "len": K}
+
+# 2. Plain writes only.
+h = session()
+t = time.time()
+for i in range(4):
+    h.pwrite(b"P" * K, 2 * K + i * K)
+h.shutdown()
+s2 = stats_after(2)
+events["plain"] = {"start": t, "end": time.time()}
+
+# 3. A FUA write.
+h = session()
+t3 = time.time()
+h.pwrite(b"U" * K, 8 * K, nbd.CMD_FLAG_FUA)
+t4 = time.time()
+h.shutdown()
+s3 = stats_after(3)
+events["fua"] = {"start": t3, "end": t4, "off": 8 * K, "len": K}
+
+sync = [s["backend"]["sync"]["ops"] for s in (s1, s2, s3)]
+print("backend.sync.ops after each step: flush %d, plain %d, fua %d"
+      % tuple(sync))
+json.dump(events, open(out, "w"))
+bad = []
+if s1["client"]["flush"]["ops"] != 1:
+    bad.append("client.flush.ops %d, expected 1" % s1["client"]["flush"]["ops"])
+if sync[0] < 1:
+    bad.append("backend.sync.ops did not grow with the FLUSH")
+if s3["client"]["fua"]["ops"] != 1:
+    bad.append("client.fua.ops %d, expected 1" % s3["client"]["fua"]["ops"])
+if sync[2] - sync[1] < 1:
+    bad.append("backend.sync.ops did not grow with the FUA write")
+print("plain writes: %d syncs counted (none needed)" % (sync[1] - sync[0]))
+if bad:
+    sys.exit("; ".join(bad))
+EOF
+
+# check.py STRACE-DIR IMG EVENTS: the order of the system calls.
+cat > "$tmp/check.py" <<'EOF'
+import glob, json, os, re, sys
+tdir, img, events = sys.argv[1], os.path.realpath(sys.argv[2]), sys.argv[3]
+ev = json.load(open(events))
+line_re = re.compile(r"^(\d+\.\d+) (\w+)\((\d+)<([^>]*)>(.*)\) = (-?\d+)"
+                     r"(?: \w+ \([^)]*\))? <(\d+\.\d+)>$")
+writes, syncs = [], []
+for f in glob.glob(os.path.join(tdir, "t.*")):
+    for line in open(f):
+        line = line.rstrip("\n")
+        if "unfinished" in line or "resumed" in line:
+            sys.exit("strace -ff split a call: %r" % line)
+        m = line_re.match(line)
+        if not m:
+            continue
+        ts, name, fd, path, rest, ret, dur = m.groups()
+        if path != img:
+            continue
+        ts, ret, dur = float(ts), int(ret), float(dur)
+        if name in ("fdatasync", "fsync"):
+            if ret == 0:
+                syncs.append(ts)
+        elif name.startswith("pwrite") and ret > 0:
+            # pwrite64(fd, buf, n, OFF), pwritev(fd, iov, n, OFF),
+            # pwritev2(fd, iov, n, OFF, FLAGS)
+            args = rest.rsplit(", ", 2 if name == "pwritev2" else 1)
+            off = args[1]
+            if not off.isdigit():
+                sys.exit("cannot parse the offset of %r" % line)
+            writes.append((ts + dur, int(off), ret))
+writes.sort()
+syncs.sort()
+print("backing file %s: %d pwrite calls, %d syncs" % (img, len(writes), len(syncs)))
+
+def covered_by(t, off, n):
+    """Is [off, off+n) written by calls that returned before time t?"""
+    need = [(off, off + n)]
+    for end, o, c in writes:
+        if end >= t:
+            break
+        nxt = []
+        for a, b in need:
+            if o + c <= a or b <= o:
+                nxt.append((a, b))
+                continue
+            if a < o:
+                nxt.append((a, o))
+            if o + c < b:
+                nxt.append((o + c, b))
+        need = nxt
+    return not need
+
+bad = []
+for what in ("flush", "fua"):
+    e = ev[what]
+    inside = [t for t in syncs if e["start"] <= t <= e["end"]]
+    good = [t for t in inside if covered_by(t, e["off"], e["len"])]
+    print("%s: %d syncs of the backing file while it was answered, "
+          "%d after its data was written" % (what, len(inside), len(good)))
+    if not inside:
+        bad.append("%s: no fdatasync or fsync of the backing file between "
+                   "the request and its reply" % what)
+    elif not good:
+        bad.append("%s: the backing file was synced before its data was "
+                   "written" % what)
+e = ev["plain"]
+print("plain writes: %d syncs (none needed)"
+      % len([t for t in syncs if e["start"] <= t <= e["end"]]))
+if bad:
+    sys.exit("; ".join(bad))
+EOF
+
+calls=fdatasync,fsync,pwrite64,pwritev,pwritev2
+for mode in writeback hold; do
+  params=()
+  [ $mode = writeback ] && params=(idle=10s max-delay=60s direct=never)
+  img=$tmp/$mode.img
+  truncate -s 1M "$img"
+  mkdir "$tmp/st-$mode"
+  SERVER_WRAP="strace -ff -qq -ttt -T -y -s 0 -o $tmp/st-$mode/t -e trace=$calls" \
+    start_plug $mode file="$img" mode=$mode statsfile="$tmp/$mode.json" \
+               "${params[@]}"
+  timeout 60 /usr/bin/python3 "$tmp/client.py" "$(server_uri $mode)" \
+          "$tmp/$mode.json" "$tmp/$mode.events"
+  stop_server $mode
+  cat "$tmp"/st-$mode/t.* | grep -v "^$" | head -40
+  /usr/bin/python3 "$tmp/check.py" "$tmp/st-$mode" "$img" "$tmp/$mode.events"
+done
