@@ -1,112 +1,46 @@
 # shellcheck shell=bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Shared logic of the remote tests (tests/test-remote-*.sh): NBD servers
-# in the background, each with its exit status checked.  Source it after
-# functions.sh and plug_tmpdir:
+# that the plug uses as backing files, started and stopped with
+# functions.sh's start_server / stop_server, so that each one's exit
+# status and log (sanitizer reports) are checked like the plug's.
+# Source it after functions.sh:
 #
 #   srv_start NAME unix|tcp NBDKIT-ARGS...
-#       nbdkit -f -P $tmp/NAME.pid NBDKIT-ARGS... in the background, on a
-#       unix socket $tmp/NAME.sock or on 127.0.0.1 at a free port (the
-#       same port again when NAME is restarted); stderr in $tmp/NAME.log.
-#       Sets srv_uri[NAME].  Fails if the server does not come up.
+#       start_server NAME NBDKIT-ARGS..., on the unix socket $tmp/NAME.sock
+#       or on 127.0.0.1 at a free port (the same port again when NAME is
+#       restarted).  Sets srv_uri[NAME].
 #   srv_stop NAME
-#       SIGTERM, wait, and fail unless the server exited with status 0.
-#       (Stop the plug before the servers it is connected to: nbdkit
-#       1.32 does not exit on SIGTERM while an idle client is connected.)
+#       stop_server NAME.  (Stop the plug before the servers it is
+#       connected to: nbdkit 1.32 does not exit on SIGTERM while an idle
+#       client is connected.)
 #   srv_kill NAME
-#       SIGKILL and reap (a crash on purpose: the status is not checked).
-#   srv_running NAME
-#       Is it still alive?
+#       kill_server NAME (a crash on purpose: the status is not checked).
 #
-# At exit, servers still running are killed (the test failed already).
+# A server still running at exit is killed, and the test fails.
 
 requires nbdkit --version
 requires test -x /usr/bin/python3
 
-declare -A srv_pid srv_uri srv_port
-
-free_port ()
-{
-  /usr/bin/python3 -c 'import socket
-s = socket.socket()
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])'
-}
+declare -A srv_uri
 
 srv_start ()
 {
-  local name=$1 how=$2 pidfile=$tmp/$1.pid i
+  local name=$1 how=$2
   shift 2
-  rm -f "$pidfile"
   case $how in
-    unix)
-      rm -f "$tmp/$name.sock"
-      nbdkit -f -P "$pidfile" -U "$tmp/$name.sock" "$@" \
-             2>>"$tmp/$name.log" &
-      srv_uri[$name]="nbd+unix:///?socket=$tmp/$name.sock"
-      ;;
-    tcp)
-      [ -n "${srv_port[$name]:-}" ] || srv_port[$name]=$(free_port)
-      nbdkit -f -P "$pidfile" -i 127.0.0.1 -p "${srv_port[$name]}" "$@" \
-             2>>"$tmp/$name.log" &
-      srv_uri[$name]="nbd://127.0.0.1:${srv_port[$name]}/"
-      ;;
-    *)
-      echo "srv_start: $how: expected unix or tcp"
-      return 1
-      ;;
+    unix) ;;
+    tcp) [ -n "${_srv_port[$name]:-}" ] || server_on_tcp "$name" ;;
+    *) fail "srv_start: $how: expected unix or tcp" ;;
   esac
-  srv_pid[$name]=$!
-  # nbdkit writes the pidfile once it listens.
-  for ((i = 0; i < 200; ++i)); do
-    [ -s "$pidfile" ] && return 0
-    if ! kill -0 "${srv_pid[$name]}" 2>/dev/null; then
-      echo "srv_start $name: nbdkit exited at start:"
-      cat "$tmp/$name.log"
-      return 1
-    fi
-    sleep 0.05
-  done
-  echo "srv_start $name: no pidfile after 10 s"
-  return 1
+  start_server "$name" "$@"
+  srv_uri[$name]=$(server_uri "$name")
 }
 
-srv_running ()
-{
-  [ -n "${srv_pid[$1]:-}" ] && kill -0 "${srv_pid[$1]}" 2>/dev/null
-}
-
-srv_stop ()
-{
-  local name=$1 pid=${srv_pid[$1]:-} rc=0
-  [ -n "$pid" ] || { echo "srv_stop $name: not started"; return 1; }
-  kill -TERM "$pid" 2>/dev/null || :
-  wait "$pid" || rc=$?
-  unset "srv_pid[$name]"
-  if [ $rc -ne 0 ]; then
-    echo "srv_stop $name: nbdkit exited with status $rc; its log:"
-    cat "$tmp/$name.log"
-    return 1
-  fi
-}
-
-srv_kill ()
-{
-  local pid=${srv_pid[$1]:-}
-  [ -n "$pid" ] || return 0
-  kill -KILL "$pid" 2>/dev/null || :
-  wait "$pid" 2>/dev/null || :
-  unset "srv_pid[$1]"
-}
-
-_srv_cleanup ()
-{
-  local name
-  for name in "${!srv_pid[@]}"; do
-    kill -KILL "${srv_pid[$name]}" 2>/dev/null || :
-  done
-}
-cleanup_fn _srv_cleanup
-
+srv_stop () { stop_server "$1"; }
+srv_kill () { kill_server "$1"; }
 # model_run_remote NAME LAYOUT MODE KINDS [PLUG-PARAMS...] [-- MODEL-ARGS...]
 #
 # model_run (model-lib.sh, which must be sourced first) with some of the
