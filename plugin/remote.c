@@ -59,6 +59,8 @@
 #define CONNECT_TIMEOUT_NS 10000000000ULL
 /* Runs handed back to the engine under one eng_lock acquisition. */
 #define DONE_BATCH 64
+/* flushed_mark before any FLUSH succeeded. */
+#define FLUSHED_NEVER UINT64_MAX
 
 enum rcmd_kind {
   RC_RUN,                       /* A run of the engine (asynchronous). */
@@ -100,6 +102,7 @@ struct rcmd {
   uint64_t retry_at_ns;         /* Parked after "not now": send again
                                  * then (0: when a connection is up). */
   unsigned attempts;            /* "Not now" answers so far. */
+  uint64_t flush_mark;          /* RC_FLUSH: r->mutations when issued. */
 };
 
 enum rconn_state {
@@ -162,6 +165,15 @@ struct remote {
   bool outage_logged;           /* "lost" was logged for this outage. */
   struct rcmd *parked, **parked_tail;
   struct rcmd *done, **done_tail;
+  /* A FLUSH covers what the server answered before it (NBD spec), so
+   * one is needed only if a run was answered since the last FLUSH that
+   * succeeded was issued: mutations counts runs answered (whatever the
+   * result), flushed_mark is mutations when that FLUSH was issued
+   * (FLUSHED_NEVER at first: the first FLUSH is always sent, it may
+   * cover what an earlier client left in the server's cache).
+   */
+  uint64_t mutations;
+  uint64_t flushed_mark;
   struct eng_run *batch_runs[DONE_BATCH];
   int batch_errs[DONE_BATCH];
   size_t nr_batch;
@@ -273,6 +285,7 @@ remote_open (const char *uri, const struct remote_config *rcfg)
   r->queue_tail = &r->queue;
   r->parked_tail = &r->parked;
   r->done_tail = &r->done;
+  r->flushed_mark = FLUSHED_NEVER;
   for (i = 0; i < REMOTE_MAX_CONNS; ++i) {
     r->conns[i].r = r;
     r->conns[i].idx = i;
@@ -700,6 +713,7 @@ issue (struct remote *r, struct rconn *c, struct rcmd *cmd)
   cmd->err = 0;
   cmd->died = false;
   cmd->retry_at_ns = 0;
+  cmd->flush_mark = r->mutations;
   cmd->nr_ext = 0;
   cmd->ext_covered = 0;
   cmd->cprev = NULL;
@@ -743,11 +757,29 @@ issue (struct remote *r, struct rconn *c, struct rcmd *cmd)
     cmd_finished (r, cmd);
 }
 
+/* Nothing was answered since a FLUSH that succeeded was issued: a
+ * FLUSH now has nothing to cover (a striped or concatenated export
+ * flushes every server at each FLUSH, most of them often clean).
+ */
+static bool
+flush_is_clean (const struct remote *r, const struct rcmd *cmd)
+{
+  return cmd->kind == RC_FLUSH && r->flushed_mark != FLUSHED_NEVER &&
+    r->mutations == r->flushed_mark;
+}
+
 static void
 dispatch (struct remote *r, struct rcmd *cmd)
 {
-  struct rconn *c = pick_conn (r);
+  struct rconn *c;
 
+  if (flush_is_clean (r, cmd)) {
+    cmd->err = 0;
+    cmd->died = false;
+    done_push (r, cmd);
+    return;
+  }
+  c = pick_conn (r);
   if (c) {
     issue (r, c, cmd);
     return;
@@ -791,6 +823,7 @@ finish_done (struct remote *r)
        */
       if (err == 0 && cmd->died)
         err = EAGAIN;
+      r->mutations++;
       batch_add (r, cmd->run, err);
       cmd_free (cmd);
     }
@@ -803,6 +836,10 @@ finish_done (struct remote *r)
       if (cmd->err)
         nbdkit_error ("file=%s: %s: %s", r->uri, kind_name (cmd->kind),
                       strerror (cmd->err));
+      else if (cmd->kind == RC_FLUSH &&
+               (r->flushed_mark == FLUSHED_NEVER ||
+                cmd->flush_mark > r->flushed_mark))
+        r->flushed_mark = cmd->flush_mark;
       sync_done (cmd, cmd->err);
     }
   }

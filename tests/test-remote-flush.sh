@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
+# A FLUSH reaches only the NBD servers that answered a write since the
+# last FLUSH that succeeded there (a FLUSH covers what the server
+# answered before it: NBD spec), and always the first time.  Two nbdkit
+# memory servers A and B, concatenated; each one's log (--filter=log)
+# counts the FLUSH commands it got:
+#   FLUSH                       -> A 1, B 1   (first: always sent)
+#   write to A, FLUSH           -> A 2, B 1
+#   FLUSH, FLUSH                -> A 2, B 1   (both clean)
+#   FUA write to B (no FUA)     -> A 2, B 2   (FUA emulated by a FLUSH)
+#   zero on A, trim on B, FLUSH -> A 3, B 3
+# and the data written is on the servers afterwards.
+source ./functions.sh
+set -e
+
+requires test -x /usr/bin/python3
+requires /usr/bin/python3 -c 'import nbd'
+test -f "$PLUGIN"
+
+plug_tmpdir
+source "$srcdir/remote-lib.sh"
+
+srv_start A unix --filter=log memory 1M logfile="$tmp/A.txt"
+srv_start B tcp --filter=log --filter=fua memory 1M \
+          logfile="$tmp/B.txt"
+srv_start plug unix "$PLUGIN" "file=${srv_uri[A]}" "file=${srv_uri[B]}" \
+          idle=0
+
+cat > "$tmp/client.py" <<'EOF2'
+import re, sys, time
+import nbd
+
+uri, alog, blog = sys.argv[1:4]
+M = 1 << 20
+
+def flushes(log):
+    n = 0
+    for line in open(log):
+        if re.search(r" Flush id=\d+ \.\.\.$", line.rstrip("\n")):
+            n += 1
+    return n
+
+def expect(step, a, b):
+    # The log filter writes its line as the request arrives: a FLUSH the
+    # plug sent was logged before its answer reached the plug.
+    got = (flushes(alog), flushes(blog))
+    print("%-32s A %d B %d flushes (expected %d %d)" % (step, got[0], got[1], a, b))
+    if got != (a, b):
+        sys.exit("FAIL: %s: servers got %r flushes, expected %r"
+                 % (step, got, (a, b)))
+
+h = nbd.NBD()
+h.connect_uri(uri)
+assert h.get_size() == 2 * M
+h.flush()
+expect("first FLUSH", 1, 1)
+h.pwrite(b"a" * 4096, 8192)
+h.flush()
+expect("write to A, FLUSH", 2, 1)
+h.flush()
+h.flush()
+expect("FLUSH, FLUSH", 2, 1)
+h.pwrite(b"b" * 4096, M + 4096, nbd.CMD_FLAG_FUA)
+expect("FUA write to B", 2, 2)
+h.zero(4096, 65536)
+h.trim(4096, M + 65536)
+h.flush()
+expect("zero on A, trim on B, FLUSH", 3, 3)
+h.shutdown()
+EOF2
+/usr/bin/python3 "$tmp/client.py" "${srv_uri[plug]}" "$tmp/A.txt" "$tmp/B.txt"
+srv_stop plug
+
+/usr/bin/python3 - "${srv_uri[A]}" "${srv_uri[B]}" <<'EOF2'
+import sys
+import nbd
+a, b = nbd.NBD(), nbd.NBD()
+a.connect_uri(sys.argv[1])
+b.connect_uri(sys.argv[2])
+assert a.pread(4096, 8192) == b"a" * 4096, "A lost the write"
+assert b.pread(4096, 4096) == b"b" * 4096, "B lost the FUA write"
+print("data on both servers")
+EOF2
+srv_stop A
+srv_stop B
