@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # bench/remote.sh: the plug in front of an NBD server (file=nbd+unix://)
 # against nbdkit's own nbd plugin proxying the same server (the "proxy"),
 # and nbdkit's cache filter (cache=writeback) over that proxy, measured

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* remote.c: NBD exports as backing files.  See remote.h.
  *
  * Threads.  Once remote_start ran, only r's loop thread calls nbd_* on

@@ -1,3 +1,7 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
 /* remote.h: a backing file that is an NBD export on a server, reached
  * with libnbd (file=nbd://..., nbd+unix://..., nbds://...).
  *

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # A server's "not now" and its real errors.
 #  - ENOMEM on 10% of the server's writes and reads (nbdkit error
 #    filter): the engine retries the writes (statistics: "eagain"

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # What NBD servers advertise, honoured, as their own logs show:
 #  - server A (blocksize-policy: minimum 4K, maximum 64K, violations are
 #    errors): the export's minimum block size is 4K; a 1 MiB write and a

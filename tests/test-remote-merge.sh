@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # Merging proven at the NBD server, outside the plugin: fio writes 8 MiB
 # in 4 KiB sequential requests at queue depth 16 through the plug to an
 # nbdkit memory server; the server's own log (--filter=log) shows at

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # The model test on exports made of two NBD servers (nbdkit memory, one
 # on a unix socket, one on TCP 127.0.0.1) and one local file,
 # concatenated and striped, in both modes, with several connections:

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # NBD servers that are not there, or go away.
 #  - Unreachable at start: nbdkit exits non-zero, and the error names the
 #    URI and gives libnbd's reason.

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
 # An NBD server that requires TLS (nbdkit --tls=require with a PSK):
 # file=nbds+unix://USER@/?socket=...&tls-psk-file=... works (libnbd
 # parses the URI and reads the key file), data reaches the server; the
