@@ -2,9 +2,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Copyright the nbdplug authors (see LICENSE).
 
-# NBD servers that are not there, or go away.
-#  - Unreachable at start: nbdkit exits non-zero, and the error names the
-#    URI and gives libnbd's reason.
+# NBD servers that go away (test-remote-unreachable: not there at start).
 #  - Killed (SIGKILL) while a write is in flight at it, and restarted on
 #    the same data (nbdkit file) after a while: the plug reconnects; what
 #    was acknowledged and flushed before the kill is in the file; the
@@ -26,17 +24,6 @@ test -f "$PLUGIN"
 
 plug_tmpdir
 source "$srcdir/remote-lib.sh"
-
-# ---- unreachable at start ----
-for uri in "nbd+unix:///?socket=$tmp/nothing.sock" \
-           "nbd://127.0.0.1:$(free_port)/"; do
-  rc=0
-  nbdkit -U - "$PLUGIN" "file=$uri" --run true 2> "$tmp/start.err" || rc=$?
-  cat "$tmp/start.err"
-  [ $rc -ne 0 ]
-  grep -q "file=$uri: cannot connect to the NBD server: .*connect" \
-       "$tmp/start.err"
-done
 
 cat > "$tmp/client.py" <<'EOF2'
 import nbd, os, sys, time
