@@ -47,7 +47,6 @@ struct backing {
 };
 
 /* Open the file (O_RDWR, or O_RDONLY if it cannot be written) and find
-/* Open the file (O_RDWR, or O_RDONLY if it cannot be written) and find
  * its size; or connect to the NBD URI (remote_is_uri) and learn what
  * the server advertises.  A local file opened read-write is locked
  * against other processes (refused if one holds a lock on it) unless
