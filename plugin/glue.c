@@ -21,6 +21,7 @@
 #include "iopool.h"
 #include "plugin.h"
 #include "remote.h"
+#include "request.h"
 
 pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
 struct engine *eng;
@@ -56,6 +57,7 @@ glue_end_locked (struct glue_actions *a)
   }
   a->eng.reply = NULL;
   a->eng.reply_tail = &a->eng.reply;
+  request_recycle_locked (&a->eng);
   glue_kick_timer_locked ();
 }
 
