@@ -271,11 +271,11 @@ static int
 submit_wait (struct conn *c, struct request *r)
 {
   struct glue_actions a;
-  struct waiter w = { .err = 0 };
+  struct waiter w;
   bool acked;
   int ret;
 
-  sem_init (&w.done, 0, 0);
+  glue_waiter_init (&w, c ? c->id : 0);
   r->op.waiter = &w;
   glue_begin (&a);
   pthread_mutex_lock (&eng_lock);
@@ -287,14 +287,12 @@ submit_wait (struct conn *c, struct request *r)
     int err = errno;
 
     request_free (&r->op);
-    sem_destroy (&w.done);
     errno = err;
     return -1;
   }
   glue_perform (&a, GLUE_INLINE_ONE);
   if (!acked)
     ret = glue_wait (&w);
-  sem_destroy (&w.done);
   if (ret) {
     errno = ret;
     return -1;
@@ -459,7 +457,7 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
 {
   CLEANUP_FREE bool *touched = NULL;
   struct glue_actions a;
-  struct waiter w = { .err = 0 };
+  struct waiter w;
   bool direct = false, submitted = false, acked = false;
   bool copy = needs_copy (data, r->op.flags);
   bool copied = copy && r->room >= r->op.count;
@@ -495,7 +493,7 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   else
     request_set_data (r, data, NULL);
 
-  sem_init (&w.done, 0, 0);
+  glue_waiter_init (&w, c->id);
   r->op.waiter = &w;
   glue_begin (&a);
   pthread_mutex_lock (&eng_lock);
@@ -531,7 +529,6 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
       ret = -1;
     }
   }
-  sem_destroy (&w.done);
   if (!direct && !submitted) {
     /* The direct path was expected and refused: copy now. */
     r->copy = malloc (r->op.count);
