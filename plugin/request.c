@@ -54,11 +54,11 @@ static struct request *cache[REQ_CLASSES][CACHE_SLOTS];
 static size_t cache_len[REQ_CLASSES];
 static size_t cache_bytes;
 
-/* The calling thread's spare block, freed by spare_key's destructor
- * when the thread exits.
+/* The calling thread's spare block is the value of spare_key, whose
+ * destructor frees it when the thread exits.  (Not a __thread
+ * variable: a destructor writing one races, for ThreadSanitizer, with
+ * the freeing of the thread's TLS.)
  */
-static __thread struct request *spare;
-static __thread bool spare_keyed;
 static pthread_key_t spare_key;
 static bool spare_key_made;
 
@@ -96,9 +96,9 @@ request_alloc (size_t nr_pieces, size_t room)
   struct request *r;
   size_t room_size;
 
-  if (cls >= 0 && spare && spare->cls == cls) {
-    r = spare;
-    spare = NULL;
+  r = spare_key_made ? pthread_getspecific (spare_key) : NULL;
+  if (cls >= 0 && r && r->cls == cls) {
+    pthread_setspecific (spare_key, NULL);
     /* Only the header: the pieces are all set by the caller. */
     memset (r, 0, offsetof (struct request, pieces));
     r->cls = cls;
@@ -155,23 +155,19 @@ request_refill_locked (const struct request *like)
   int k = like->cls;
 
   /* Without the key, a thread's spare would outlive the thread. */
-  if (spare || !spare_key_made || k < 0 || cache_len[k] == 0)
+  if (!spare_key_made || k < 0 || cache_len[k] == 0 ||
+      pthread_getspecific (spare_key) != NULL)
     return;
-  spare = cache[k][--cache_len[k]];
+  if (pthread_setspecific (spare_key, cache[k][cache_len[k] - 1]) != 0)
+    return;
+  cache_len[k]--;
   cache_bytes -= class_size (k);
-  if (!spare_keyed) {
-    /* Any non-NULL value: the destructor frees this thread's spare. */
-    pthread_setspecific (spare_key, &spare);
-    spare_keyed = true;
-  }
 }
 
 static void
-spare_exit (void *unused)
+spare_exit (void *spare)
 {
   free (spare);
-  spare = NULL;
-  spare_keyed = false;
 }
 
 int
