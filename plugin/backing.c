@@ -171,7 +171,12 @@ static int
 write_iov (int fd, struct iovec *iov, int iovcnt, uint64_t offset)
 {
   while (iovcnt > 0) {
-    ssize_t r = pwritev (fd, iov, iovcnt, offset);
+    /* One buffer (the direct path, a run that did not merge): pwrite
+     * spares the kernel copying and checking an iovec.
+     */
+    ssize_t r = iovcnt == 1 ?
+      pwrite (fd, iov->iov_base, iov->iov_len, offset) :
+      pwritev (fd, iov, iovcnt, offset);
 
     if (r == -1) {
       if (errno == EINTR)
@@ -192,10 +197,13 @@ write_iov (int fd, struct iovec *iov, int iovcnt, uint64_t offset)
   return 0;
 }
 
+/* Runs of up to this many members take their iovec from the stack. */
+#define STACK_IOV 64
+
 static int
 write_run (struct backing *b, const struct plug_run *run)
 {
-  struct iovec *iov;
+  struct iovec stack_iov[STACK_IOV], *iov = stack_iov;
   size_t i;
   int r, err;
 
@@ -203,8 +211,7 @@ write_run (struct backing *b, const struct plug_run *run)
    * no memory for the iovec the run is requeued, not failed (ENOMEM is
    * transient, see retry_is_transient).
    */
-  iov = malloc (run->n * sizeof *iov);
-  if (iov == NULL)
+  if (run->n > STACK_IOV && (iov = malloc (run->n * sizeof *iov)) == NULL)
     return -1;
   for (i = 0; i < run->n; ++i) {
     iov[i].iov_base = (void *) run->reqs[i]->buf;
@@ -212,7 +219,8 @@ write_run (struct backing *b, const struct plug_run *run)
   }
   r = write_iov (b->fd, iov, run->n, run->offset);
   err = errno;
-  free (iov);
+  if (iov != stack_iov)
+    free (iov);
   errno = err;
   return r;
 }

@@ -100,22 +100,14 @@ conns_open (void)
   return nr_conns;
 }
 
-void
-request_free (struct eng_op *op)
-{
-  struct request *r = (struct request *) op;
-
-  free (r->copy);
-  free (r);
-}
-
 /* A request for [offset, offset+count) of the export, with one piece per
  * backing-file piece.  count 0 (FLUSH, CLOSE, SHUTDOWN): no pieces.
+ * room: bytes for a copy of the data in the same block (0: none).
  * Returns NULL after nbdkit_error.
  */
 static struct request *
 request_new (enum eng_kind kind, uint64_t offset, uint64_t count,
-             uint32_t flags)
+             uint32_t flags, size_t room)
 {
   struct layout_iter it;
   struct layout_piece piece;
@@ -135,7 +127,7 @@ request_new (enum eng_kind kind, uint64_t offset, uint64_t count,
     while (layout_iter_next (&it, &piece))
       n++;
   }
-  r = calloc (1, sizeof *r + n * sizeof r->pieces[0]);
+  r = request_alloc (n, room);
   if (r == NULL) {
     nbdkit_error ("calloc: %m");
     return NULL;
@@ -163,7 +155,7 @@ request_new (enum eng_kind kind, uint64_t offset, uint64_t count,
         !backing_aligned (&backings[piece.backing], kind == ENG_WRITE ?
                           "write" : kind == ENG_ZERO ? "zero" : "trim",
                           piece.offset, piece.count)) {
-      free (r);
+      request_free (&r->op);
       return NULL;
     }
 
@@ -279,11 +271,11 @@ static int
 submit_wait (struct conn *c, struct request *r)
 {
   struct glue_actions a;
-  struct waiter w = { .err = 0 };
+  struct waiter w;
   bool acked;
   int ret;
 
-  sem_init (&w.done, 0, 0);
+  glue_waiter_init (&w, c ? c->id : 0);
   r->op.waiter = &w;
   glue_begin (&a);
   pthread_mutex_lock (&eng_lock);
@@ -295,14 +287,12 @@ submit_wait (struct conn *c, struct request *r)
     int err = errno;
 
     request_free (&r->op);
-    sem_destroy (&w.done);
     errno = err;
     return -1;
   }
   glue_perform (&a, GLUE_INLINE_ONE);
   if (!acked)
     ret = glue_wait (&w);
-  sem_destroy (&w.done);
   if (ret) {
     errno = ret;
     return -1;
@@ -350,7 +340,7 @@ conn_close (struct conn *c)
   /* blk_finish_plug: write out what we acknowledged.  NBD has no way to
    * report an error at close: the engine logs each loss.
    */
-  r = request_new (ENG_CLOSE, 0, 0, 0);
+  r = request_new (ENG_CLOSE, 0, 0, 0, 0);
   if (r == NULL || submit_wait (c, r) == -1)
     nbdkit_error ("connection %" PRIu64 ": close: %m", c->id);
   {
@@ -412,7 +402,7 @@ conns_shutdown (struct plug_stats *live)
   struct request *r;
   struct conn *c;
 
-  r = request_new (ENG_SHUTDOWN, 0, 0, 0);
+  r = request_new (ENG_SHUTDOWN, 0, 0, 0, 0);
   if (r == NULL || submit_wait (NULL, r) == -1 ||
       sync_backings (NULL, NULL) == -1)
     nbdkit_error ("server exit: could not write out held data: %m");
@@ -422,9 +412,44 @@ conns_shutdown (struct plug_stats *live)
     stats_merge (live, &c->stats);
 }
 
+/* Did this worker thread's last write go into the plug rather than
+ * the direct path?  Then its next one most likely does too (a stream:
+ * each thread of a connection serves its requests in turn), and its
+ * data is copied before taking the lock.
+ */
+static __thread bool last_plugged;
+
+/* Writeback acknowledges a write at once, so the plug must hold a copy
+ * of its data (nbdkit reuses its buffer once we return); a FUA write
+ * and hold mode make the client wait, so the plug borrows it.
+ */
+static bool
+needs_copy (const void *data, uint32_t flags)
+{
+  return data && cfg.mode == MODE_WRITEBACK && !(flags & ENG_F_FUA);
+}
+
+/* Room to ask for in the request's block: a copy of the data, made
+ * before the lock, when the write will most likely be plugged.  A
+ * write that takes the direct path after all wasted the copy (and
+ * writes from it); one expected to go direct that does not is copied
+ * later, at the cost of a second lock acquisition.
+ */
+static size_t
+speculate_room (const void *data, uint32_t flags, uint32_t count)
+{
+  if (!needs_copy (data, flags))
+    return 0;
+  return !cfg.direct || last_plugged ? count : 0;
+}
+
 /* Submit a write, zero or trim (data: nbdkit's buffer for a write).  A
  * FUA one is answered once written, then syncs the files it touched:
  * NBD "MUST NOT send its reply ... until ... persisted".
+ *
+ * One lock acquisition tries the direct path and, failing that,
+ * submits r to the plug, unless the data still has to be copied for
+ * the plug (then a second one submits).
  */
 static int
 submit_mutation (struct conn *c, struct request *r, const void *data,
@@ -432,8 +457,11 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
 {
   CLEANUP_FREE bool *touched = NULL;
   struct glue_actions a;
-  struct waiter w = { .err = 0 };
-  bool direct = false;
+  struct waiter w;
+  bool direct = false, submitted = false, acked = false;
+  bool copy = needs_copy (data, r->op.flags);
+  bool copied = copy && r->room >= r->op.count;
+  uint64_t now;
   size_t i;
   int ret = 0;
 
@@ -454,41 +482,65 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
       if (!backings[r->pieces[i].backing].fua_native)
         touched[r->pieces[i].backing] = true;
   }
-  request_set_data (r, data, NULL);
-
-  if (cfg.direct) {
-    sem_init (&w.done, 0, 0);
-    r->op.waiter = &w;
-    glue_begin (&a);
-    pthread_mutex_lock (&eng_lock);
-    direct = engine_try_direct (eng, c->ec, &r->op, now_ns (), &a.eng);
-    glue_end_locked (&a);
-    pthread_mutex_unlock (&eng_lock);
-    if (direct) {
-      glue_perform (&a, GLUE_INLINE_ONE);
-      ret = glue_wait (&w);
-      if (ret) {
-        errno = ret;
-        ret = -1;
-      }
-    }
-    sem_destroy (&w.done);
-  }
-  if (!direct) {
-    /* Writeback acknowledges at once: the data must be our own copy,
-     * since nbdkit reuses its buffer once we return.
+  if (copied) {
+    /* Copied before the lock (speculate_room): whether the write goes
+     * direct or into the plug, one acquisition decides and submits.
      */
-    if (data && cfg.mode == MODE_WRITEBACK && !(r->op.flags & ENG_F_FUA)) {
-      r->copy = malloc (r->op.count);
-      if (r->copy == NULL) {
-        nbdkit_error ("malloc: %m");
-        request_free (&r->op);
-        return -1;
-      }
-      memcpy (r->copy, data, r->op.count);
-      request_set_data (r, r->copy, data);
+    r->copy = request_room (r);
+    memcpy (r->copy, data, r->op.count);
+    request_set_data (r, r->copy, NULL);
+  }
+  else
+    request_set_data (r, data, NULL);
+
+  glue_waiter_init (&w, c->id);
+  r->op.waiter = &w;
+  glue_begin (&a);
+  pthread_mutex_lock (&eng_lock);
+  now = now_ns ();
+  if (cfg.direct)
+    direct = engine_try_direct (eng, c->ec, &r->op, now, &a.eng);
+  if (!direct && (copied || !copy)) {
+    /* Writeback acknowledges at once: the data must be our own copy,
+     * since nbdkit reuses its buffer once we return.  (On the direct
+     * path it is not counted: the client waits.)
+     */
+    if (copied)
       r->op.bytes = r->op.count;
+    ret = engine_submit (eng, c->ec, &r->op, now, &a.eng);
+    acked = r->op.acked;        /* r may be reused once we unlock. */
+    submitted = true;
+  }
+  request_refill_locked (r);
+  glue_end_locked (&a);
+  pthread_mutex_unlock (&eng_lock);
+  last_plugged = !direct;
+
+  if (submitted && ret == -1) {
+    int err = errno;
+
+    request_free (&r->op);
+    errno = err;
+  }
+  else if (direct || submitted) {
+    glue_perform (&a, GLUE_INLINE_ONE);
+    if (!acked && (ret = glue_wait (&w)) != 0) {
+      errno = ret;
+      ret = -1;
     }
+  }
+  if (!direct && !submitted) {
+    /* The direct path was expected and refused: copy now. */
+    r->copy = malloc (r->op.count);
+    if (r->copy == NULL) {
+      nbdkit_error ("malloc: %m");
+      request_free (&r->op);
+      return -1;
+    }
+    r->copy_owned = true;
+    memcpy (r->copy, data, r->op.count);
+    request_set_data (r, r->copy, data);
+    r->op.bytes = r->op.count;
     ret = submit_wait (c, r);
   }
   if (ret == -1) {
@@ -511,7 +563,8 @@ conn_pwrite (struct conn *c, const void *buf, uint32_t count,
   stats_count (&c->stats.client[STATS_C_WRITE], count);
   if (fua)
     stats_count (&c->stats.client[STATS_C_FUA], count);
-  r = request_new (ENG_WRITE, offset, count, fua ? ENG_F_FUA : 0);
+  r = request_new (ENG_WRITE, offset, count, fua ? ENG_F_FUA : 0,
+                   speculate_room (buf, fua ? ENG_F_FUA : 0, count));
   if (r == NULL)
     return -1;
   return submit_mutation (c, r, buf, "pwrite");
@@ -528,7 +581,7 @@ conn_zero (struct conn *c, uint32_t count, uint64_t offset,
     stats_count (&c->stats.client[STATS_C_FUA], count);
   r = request_new (ENG_ZERO, offset, count,
                    (fua ? ENG_F_FUA : 0) | (may_trim ? ENG_F_MAY_TRIM : 0) |
-                   (fast ? ENG_F_FAST : 0));
+                   (fast ? ENG_F_FAST : 0), 0);
   if (r == NULL)
     return -1;
   return submit_mutation (c, r, NULL, "zero");
@@ -542,7 +595,7 @@ conn_trim (struct conn *c, uint32_t count, uint64_t offset, bool fua)
   stats_count (&c->stats.client[STATS_C_TRIM], count);
   if (fua)
     stats_count (&c->stats.client[STATS_C_FUA], count);
-  r = request_new (ENG_TRIM, offset, count, fua ? ENG_F_FUA : 0);
+  r = request_new (ENG_TRIM, offset, count, fua ? ENG_F_FUA : 0, 0);
   if (r == NULL)
     return -1;
   return submit_mutation (c, r, NULL, "trim");
@@ -561,7 +614,7 @@ conn_flush (struct conn *c)
    * written (with the deferred error, if one failed); then we sync
    * every file.
    */
-  r = request_new (ENG_FLUSH, 0, 0, 0);
+  r = request_new (ENG_FLUSH, 0, 0, 0, 0);
   if (r == NULL)
     return -1;
   if (submit_wait (c, r) == -1) {
@@ -584,7 +637,7 @@ conn_barrier (struct conn *c, uint64_t offset, uint64_t count)
   if (quiet)
     return 0;
   note_worker (c);
-  r = request_new (ENG_READ, offset, count, 0);
+  r = request_new (ENG_READ, offset, count, 0, 0);
   if (r == NULL)
     return -1;
   if (submit_wait (c, r) == -1) {

@@ -28,14 +28,9 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "request.h"
 #include "stats.h"
 
-/* A request: the engine's op, its pieces, and its data copy. */
-struct request {
-  struct eng_op op;             /* First: request_free takes an op. */
-  void *copy;                   /* Owned: the writeback copy, or NULL. */
-  struct plug_req pieces[];     /* op.pieces points here. */
-};
 
 struct conn {
   /* Protected by conns_lock (conn.c): the registry of open connections,
@@ -98,8 +93,5 @@ extern int conn_pread (struct conn *c, void *buf, uint32_t count,
  * and extents).
  */
 extern int conn_barrier (struct conn *c, uint64_t offset, uint64_t count);
-
-/* Free a request the engine released (glue.c). */
-extern void request_free (struct eng_op *op);
 
 #endif /* NBDPLUG_CONN_H */

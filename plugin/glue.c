@@ -8,9 +8,12 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <semaphore.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
@@ -21,16 +24,102 @@
 #include "iopool.h"
 #include "plugin.h"
 #include "remote.h"
+#include "request.h"
 
 pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
 struct engine *eng;
 
+/* Futex words of the waiter groups: static, so that a waker may touch
+ * a word after its waiters (and their connection) are gone.  Groups
+ * that share a word only share wake-ups.
+ */
+#define NR_WAKE_WORDS 64
+static uint32_t wake_words[NR_WAKE_WORDS];
+static uint32_t next_slot;              /* Atomic. */
+static __thread uint32_t my_bit;        /* 0: not yet given. */
+
+void
+glue_waiter_init (struct waiter *w, uint64_t group)
+{
+  if (my_bit == 0)
+    my_bit = UINT32_C (1) <<
+      (__atomic_fetch_add (&next_slot, 1, __ATOMIC_RELAXED) % 32);
+  w->state = WAITER_AWAKE;
+  w->err = 0;
+  w->bit = my_bit;
+  w->word = &wake_words[group % NR_WAKE_WORDS];
+  w->next = NULL;
+}
+
+static long
+futex (uint32_t *word, int op, uint32_t val, uint32_t mask)
+{
+  return syscall (SYS_futex, word, op, val, NULL, NULL, mask);
+}
+
 int
 glue_wait (struct waiter *w)
 {
-  while (sem_wait (&w->done) == -1 && errno == EINTR)
-    ;
-  return w->err;
+  uint32_t awake = WAITER_AWAKE;
+
+  /* Announce the sleep; failing that, the answer is already there. */
+  if (!__atomic_compare_exchange_n (&w->state, &awake, WAITER_ASLEEP, false,
+                                    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+    return w->err;
+  for (;;) {
+    /* Read the word before looking at the state: a waker sets the
+     * state, then changes the word, then wakes, so either DONE is seen
+     * here, or the kernel sees the word changed (EAGAIN), or the wake
+     * finds us asleep.
+     */
+    uint32_t v = __atomic_load_n (w->word, __ATOMIC_SEQ_CST);
+
+    if (__atomic_load_n (&w->state, __ATOMIC_SEQ_CST) == WAITER_DONE)
+      return w->err;
+    futex (w->word, FUTEX_WAIT_BITSET_PRIVATE, v, w->bit);
+  }
+}
+
+/* Up to this many groups are woken together; more flush early. */
+#define WAKE_BATCH 8
+
+struct wake_batch {
+  size_t n;
+  uint32_t *word[WAKE_BATCH];
+  uint32_t mask[WAKE_BATCH];
+};
+
+static void
+wake_flush (struct wake_batch *b)
+{
+  size_t i;
+
+  for (i = 0; i < b->n; ++i) {
+    __atomic_add_fetch (b->word[i], 1, __ATOMIC_SEQ_CST);
+    futex (b->word[i], FUTEX_WAKE_BITSET_PRIVATE, INT_MAX, b->mask[i]);
+  }
+  b->n = 0;
+}
+
+/* Answer w: from here on its stack frame may be gone. */
+static void
+wake_add (struct wake_batch *b, struct waiter *w)
+{
+  uint32_t *word = w->word, bit = w->bit;
+  size_t i;
+
+  if (__atomic_exchange_n (&w->state, WAITER_DONE, __ATOMIC_SEQ_CST) !=
+      WAITER_ASLEEP)
+    return;                     /* It will see DONE without sleeping. */
+  for (i = 0; i < b->n; ++i)
+    if (b->word[i] == word) {
+      b->mask[i] |= bit;
+      return;
+    }
+  if (b->n == WAKE_BATCH)
+    wake_flush (b);
+  b->word[b->n] = word;
+  b->mask[b->n++] = bit;
 }
 
 void
@@ -56,11 +145,13 @@ glue_end_locked (struct glue_actions *a)
   }
   a->eng.reply = NULL;
   a->eng.reply_tail = &a->eng.reply;
+  request_recycle_locked (&a->eng);
   glue_kick_timer_locked ();
 }
 
-/* Post every waiter, then free every released op.  Once posted, a
- * waiter's stack frame may be gone: read its next first.
+/* Answer every waiter, each group with one wake-up, then free every
+ * released op.  Once answered, a waiter's stack frame may be gone: read
+ * its next first.
  */
 static void
 answer_and_release (struct glue_actions *a)
@@ -68,10 +159,13 @@ answer_and_release (struct glue_actions *a)
   struct waiter *w, *wnext;
   struct eng_op *op, *next;
 
+  struct wake_batch b = { .n = 0 };
+
   for (w = a->wake; w != NULL; w = wnext) {
     wnext = w->next;
-    sem_post (&w->done);
+    wake_add (&b, w);
   }
+  wake_flush (&b);
   a->wake = NULL;
   for (op = a->eng.release; op != NULL; op = next) {
     next = op->release_next;

@@ -34,7 +34,6 @@
 #define NBDPLUG_GLUE_H
 
 #include <pthread.h>
-#include <semaphore.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,13 +44,34 @@ extern struct engine *eng;      /* Owned: made in .get_ready, freed in
                                  * .unload.  Protected by eng_lock. */
 
 /* A worker waiting for its request's answer: lives on its stack until
- * it is posted.
+ * it is answered.
+ *
+ * Waiters sleep on a futex word shared by a group (their connection),
+ * each with its own bit (its thread's slot): whoever answers several
+ * waiters of one group at once (hold mode: every member of a run) wakes
+ * them with one FUTEX_WAKE_BITSET, not one system call (and one
+ * preemption by the woken thread) per waiter.  A waiter whose bit is
+ * shared by another thread of the group may wake for nothing and sleeps
+ * again: `state` decides, never the wake-up.  Answering a waiter that
+ * never slept (a worker that wrote its own run) makes no system call.
  */
+enum waiter_state {
+  WAITER_AWAKE,                 /* Not answered, not asleep. */
+  WAITER_ASLEEP,                /* Not answered, in (or going to) FUTEX_WAIT:
+                                 * the answer must wake it. */
+  WAITER_DONE,                  /* Answered: err is valid. */
+};
+
 struct waiter {
-  sem_t done;
+  uint32_t state;               /* Atomic: enum waiter_state. */
   int err;
+  uint32_t bit;                 /* Its thread's bit of the futex mask. */
+  uint32_t *word;               /* Its group's futex word. */
   struct waiter *next;          /* In a struct glue_actions' wake list. */
 };
+
+/* Set up w for a request of the connection with this id (0: none). */
+extern void glue_waiter_init (struct waiter *w, uint64_t group);
 
 /* The engine's actions, with its answers already taken out of the ops
  * (engine.h: an answered op may be freed by another thread as soon as

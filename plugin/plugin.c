@@ -39,6 +39,7 @@
 #include "parse.h"
 #include "plugin.h"
 #include "remote.h"
+#include "request.h"
 #include "vector.h"
 
 /* -D plug.stats=1: log each connection's statistics at close. */
@@ -223,6 +224,7 @@ plugin_unload (void)
 
   /* No worker-thread destructor may run from an unloaded plugin. */
   conn_delete_worker_key ();
+  request_fini ();
   /* A connection nbdkit never closed may still hold the engine and
    * read the files (see plugin_cleanup): the process is exiting, leave
    * them.
@@ -550,7 +552,7 @@ plugin_get_ready (void)
     unlink (tmp);
   }
 
-  if (conn_init_worker_key () == -1)
+  if (conn_init_worker_key () == -1 || request_init () == -1)
     return -1;
 
   backings = calloc (files.len, sizeof *backings);

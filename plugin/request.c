@@ -1,0 +1,200 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
+/* request.c: request blocks, recycled.  See request.h. */
+
+#include <config.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "cleanup.h"
+#include "glue.h"
+#include "plugin.h"
+#include "request.h"
+
+/* A recycled block has room for this many pieces: a request spans one
+ * backing file, or a few at stripe or concatenation boundaries.
+ */
+#define REQ_PIECES 4
+
+/* Size classes of recycled blocks: 0 has no data room, k >= 1 has
+ * 2 KiB << k (4 KiB .. 1 MiB: larger writes take the direct path by
+ * default, direct-size=1M).
+ */
+#define REQ_CLASSES 10
+#define CLASS_ROOM(k) ((k) == 0 ? (size_t) 0 : (size_t) 2048 << (k))
+
+/* The header and the pieces, rounded to a cache line so that the data
+ * room starts on one (memcpy of the copy runs aligned).
+ */
+static size_t
+header_size (size_t nr_pieces)
+{
+  size_t n = offsetof (struct request, pieces) +
+    nr_pieces * sizeof (struct plug_req);
+
+  return (n + 63) & ~(size_t) 63;
+}
+
+/* Protected by eng_lock.  Stacks of pointers, not lists through the
+ * blocks: a block released on another CPU is not touched (a cache miss
+ * under the lock) until its new owner uses it.
+ */
+#define CACHE_SLOTS 1024
+static struct request *cache[REQ_CLASSES][CACHE_SLOTS];
+static size_t cache_len[REQ_CLASSES];
+static size_t cache_bytes;
+
+/* The calling thread's spare block is the value of spare_key, whose
+ * destructor frees it when the thread exits.  (Not a __thread
+ * variable: a destructor writing one races, for ThreadSanitizer, with
+ * the freeing of the thread's TLS.)
+ */
+static pthread_key_t spare_key;
+static bool spare_key_made;
+
+static int
+class_of (size_t nr_pieces, size_t room)
+{
+  int k;
+
+  if (nr_pieces > REQ_PIECES)
+    return -1;
+  for (k = 0; k < REQ_CLASSES; ++k)
+    if (CLASS_ROOM (k) >= room)
+      return k;
+  return -1;
+}
+
+/* The size of a recyclable block of class k. */
+static size_t
+class_size (int k)
+{
+  return header_size (REQ_PIECES) + CLASS_ROOM (k);
+}
+
+void *
+request_room (struct request *r)
+{
+  return (char *) r + header_size (r->cls >= 0 ? REQ_PIECES :
+                                   r->op.nr_pieces);
+}
+
+struct request *
+request_alloc (size_t nr_pieces, size_t room)
+{
+  int cls = class_of (nr_pieces, room);
+  struct request *r;
+  size_t room_size;
+
+  r = spare_key_made ? pthread_getspecific (spare_key) : NULL;
+  if (cls >= 0 && r && r->cls == cls) {
+    pthread_setspecific (spare_key, NULL);
+    /* Only the header: the pieces are all set by the caller. */
+    memset (r, 0, offsetof (struct request, pieces));
+    r->cls = cls;
+    r->room = CLASS_ROOM (cls);
+    return r;
+  }
+  room_size = cls >= 0 ? CLASS_ROOM (cls) : room;
+  r = calloc (1, header_size (cls >= 0 ? REQ_PIECES : nr_pieces) +
+              room_size);
+  if (r == NULL)
+    return NULL;
+  r->cls = cls;
+  r->room = room_size;
+  /* For request_room of an unrecycled block. */
+  r->op.nr_pieces = nr_pieces;
+  return r;
+}
+
+void
+request_free (struct eng_op *op)
+{
+  struct request *r = (struct request *) op;
+
+  if (r->copy_owned)
+    free (r->copy);
+  free (r);
+}
+
+void
+request_recycle_locked (struct eng_actions *a)
+{
+  struct eng_op *op, *next, **keep = &a->release;
+
+  for (op = a->release; op != NULL; op = next) {
+    struct request *r = (struct request *) op;
+
+    next = op->release_next;
+    if (r->cls >= 0 && !r->copy_owned && cache_len[r->cls] < CACHE_SLOTS &&
+        cache_bytes + class_size (r->cls) <= cfg.lim.max_bytes) {
+      cache_bytes += class_size (r->cls);
+      cache[r->cls][cache_len[r->cls]++] = r;
+      continue;
+    }
+    *keep = op;
+    keep = &op->release_next;
+  }
+  *keep = NULL;
+  a->release_tail = keep;
+}
+
+void
+request_refill_locked (const struct request *like)
+{
+  int k = like->cls;
+
+  /* Without the key, a thread's spare would outlive the thread. */
+  if (!spare_key_made || k < 0 || cache_len[k] == 0 ||
+      pthread_getspecific (spare_key) != NULL)
+    return;
+  if (pthread_setspecific (spare_key, cache[k][cache_len[k] - 1]) != 0)
+    return;
+  cache_len[k]--;
+  cache_bytes -= class_size (k);
+}
+
+static void
+spare_exit (void *spare)
+{
+  free (spare);
+}
+
+int
+request_init (void)
+{
+  int err = pthread_key_create (&spare_key, spare_exit);
+
+  if (err != 0) {
+    errno = err;
+    nbdkit_error ("pthread_key_create: %m");
+    return -1;
+  }
+  spare_key_made = true;
+  return 0;
+}
+
+void
+request_fini (void)
+{
+  int k;
+
+  if (spare_key_made)
+    pthread_key_delete (spare_key);
+  spare_key_made = false;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
+  for (k = 0; k < REQ_CLASSES; ++k)
+    while (cache_len[k] > 0)
+      free (cache[k][--cache_len[k]]);
+  cache_bytes = 0;
+}
