@@ -14,7 +14,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <semaphore.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
