@@ -31,6 +31,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,6 +45,7 @@
 #include "glue.h"
 #include "minmax.h"
 #include "plugin.h"
+#include "ratelimit.h"
 #include "remote.h"
 
 /* The NBD spec's portable maximum payload when a server advertises
@@ -61,6 +63,14 @@
  * to a host that drops packets would otherwise hang it).
  */
 #define CONNECT_TIMEOUT_NS 10000000000ULL
+/* A server that came back with an export that differs from the one
+ * learnt at start serves something else until somebody fixes it: a
+ * lasting condition, not a blip that the reconnect backoff
+ * (retry-max-delay=, 100 ms by default, per connection) is made for.
+ * One connection looks again this often (or every retry-max-delay=, if
+ * that is longer).
+ */
+#define DIFFERS_RETRY_NS 2000000000ULL
 /* Runs handed back to the engine under one eng_lock acquisition. */
 #define DONE_BATCH 64
 /* flushed_mark before any FLUSH succeeded. */
@@ -167,6 +177,11 @@ struct remote {
   bool stopping;
   uint64_t stop_deadline_ns;
   bool outage_logged;           /* "lost" was logged for this outage. */
+  bool differs;                 /* The last handshake found an export
+                                 * that differs: probing. */
+  uint64_t probe_at_ns;         /* While differs: no connection attempt
+                                 * before then. */
+  struct ratelimit differs_log;
   struct rcmd *parked, **parked_tail;
   struct rcmd *done, **done_tail;
   /* A FLUSH covers what the server answered before it (NBD spec), so
@@ -923,10 +938,28 @@ conn_lost (struct remote *r, struct rconn *c, const char *why)
     c->attempts++;
 }
 
+/* While the export differs, the others wait for this one's answer. */
+static uint64_t
+differs_delay (const struct remote *r)
+{
+  return MAX (DIFFERS_RETRY_NS, r->cfg.retry.max_delay_ns);
+}
+
+/* When c, down, is to be tried next. */
+static uint64_t
+attempt_at (const struct remote *r, const struct rconn *c)
+{
+  return r->differs ? MAX (c->next_attempt_ns, r->probe_at_ns)
+    : c->next_attempt_ns;
+}
+
 static void
 start_connect (struct remote *r, struct rconn *c)
 {
   struct nbd_handle *h = new_handle ();
+
+  if (r->differs)
+    r->probe_at_ns = eng_add_ns (now_ns (), differs_delay (r));
 
   if (h == NULL || nbd_aio_connect_uri (h, r->uri) == -1) {
     nbdkit_debug ("file=%s: connection %u: reconnect failed: %s",
@@ -953,14 +986,29 @@ static bool
 conn_ready (struct remote *r, struct rconn *c)
 {
   int64_t size = nbd_get_size (c->nbd);
+  uint64_t now = now_ns (), suppressed;
+  char more[64] = "";
 
   if (size != (int64_t) r->info.size) {
-    nbdkit_error ("file=%s: the server came back with an export of "
-                  "%" PRId64 " bytes, not %" PRIu64 ": not using it",
-                  r->uri, size, r->info.size);
-    conn_lost (r, c, "export size changed");
+    /* Every connection finds the same: one line a second at most. */
+    if (ratelimit_allow (&r->differs_log, now, &suppressed)) {
+      if (suppressed)
+        snprintf (more, sizeof more, " (and %" PRIu64 " more since the "
+                  "last message)", suppressed);
+      nbdkit_error ("file=%s: the server came back with an export that "
+                    "differs (size %" PRId64 ", not %" PRIu64 "): not "
+                    "using it; looking again every %.1f s%s",
+                    r->uri, size, r->info.size, differs_delay (r) / 1e9,
+                    more);
+    }
+    r->differs = true;
+    r->probe_at_ns = eng_add_ns (now, differs_delay (r));
+    conn_lost (r, c, "the export differs");
     return false;
   }
+  if (r->differs)
+    nbdkit_debug ("file=%s: the export is the one at start again", r->uri);
+  r->differs = false;
   c->state = RCONN_READY;
   c->attempts = 0;
   if (__atomic_add_fetch (&r->nr_ready, 1, __ATOMIC_SEQ_CST) == 1) {
@@ -996,7 +1044,7 @@ rearm (struct remote *r)
     const struct rconn *c = &r->conns[i];
 
     if (c->state == RCONN_DOWN && !r->stopping)
-      d = MIN (d, c->next_attempt_ns);
+      d = MIN (d, attempt_at (r, c));
     else if (c->state == RCONN_CONNECTING)
       d = MIN (d, c->connect_deadline_ns);
   }
@@ -1118,7 +1166,7 @@ timer_cb (struct ev_loop *loop, ev_timer *w, int revents)
   for (i = 0; i < r->info.nr_conns; ++i) {
     struct rconn *c = &r->conns[i];
 
-    if (c->state == RCONN_DOWN && !r->stopping && now >= c->next_attempt_ns)
+    if (c->state == RCONN_DOWN && !r->stopping && now >= attempt_at (r, c))
       start_connect (r, c);
     else if (c->state == RCONN_CONNECTING && now >= c->connect_deadline_ns)
       conn_lost (r, c, "timed out");
