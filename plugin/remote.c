@@ -31,6 +31,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,6 +45,7 @@
 #include "glue.h"
 #include "minmax.h"
 #include "plugin.h"
+#include "ratelimit.h"
 #include "remote.h"
 
 /* The NBD spec's portable maximum payload when a server advertises
@@ -61,6 +63,24 @@
  * to a host that drops packets would otherwise hang it).
  */
 #define CONNECT_TIMEOUT_NS 10000000000ULL
+/* A server that came back with an export that differs from the one
+ * learnt at start serves something else until somebody fixes it: a
+ * lasting condition, not a blip that the reconnect backoff
+ * (retry-max-delay=, 100 ms by default, per connection) is made for.
+ * One connection looks again this often (or every retry-max-delay=, if
+ * that is longer).
+ */
+#define DIFFERS_RETRY_NS 2000000000ULL
+/* A connection that cannot be opened while another one to the same
+ * server works: the server is up, and most likely allows fewer
+ * connections than remote-connections= (nbdkit --filter=limit,
+ * qemu-nbd --shared=N).  The export is served on those that work; the
+ * others are tried again after 1 s, doubling up to a minute, so that a
+ * slot the server frees again is used without knocking at it ten times
+ * a second for as long as nbdkit runs.
+ */
+#define SPARE_RETRY_NS 1000000000ULL
+#define SPARE_RETRY_MAX_NS 60000000000ULL
 /* Runs handed back to the engine under one eng_lock acquisition. */
 #define DONE_BATCH 64
 /* flushed_mark before any FLUSH succeeded. */
@@ -127,7 +147,8 @@ struct rconn {
   bool broken;                  /* An nbd_aio_* call found it dead. */
   struct rcmd *inflight;        /* rcmds issued here, unanswered. */
   unsigned nr_inflight;
-  unsigned attempts;            /* Failed connection attempts in a row. */
+  unsigned attempts;            /* Failed connection attempts in a row
+                                 * (the backoff's, or the spare one's). */
   uint64_t next_attempt_ns;
   uint64_t connect_deadline_ns;
 };
@@ -167,6 +188,14 @@ struct remote {
   bool stopping;
   uint64_t stop_deadline_ns;
   bool outage_logged;           /* "lost" was logged for this outage. */
+  bool differs;                 /* The last handshake found an export
+                                 * that differs: probing. */
+  uint64_t probe_at_ns;         /* While differs: no connection attempt
+                                 * before then. */
+  struct ratelimit differs_log;
+  bool short_logged;            /* "cannot be opened while others are
+                                 * up" was logged; until all are up. */
+  struct ratelimit short_log;
   struct rcmd *parked, **parked_tail;
   struct rcmd *done, **done_tail;
   /* A FLUSH covers what the server answered before it (NBD spec), so
@@ -184,6 +213,7 @@ struct remote {
 };
 
 static void settle (struct remote *r);
+static void open_failed (struct remote *r, struct rconn *c, const char *why);
 
 bool
 remote_is_uri (const char *name)
@@ -329,9 +359,10 @@ remote_open (const char *uri, const struct remote_config *rcfg)
     h = new_handle ();
     if (h == NULL || nbd_connect_uri (h, uri) == -1 ||
         nbd_get_size (h) != (int64_t) r->info.size) {
-      /* The loop reconnects it later. */
-      nbdkit_debug ("file=%s: connection %u: %s", uri, i,
-                    h ? nbd_get_error () : "nbd_create failed");
+      /* The loop tries it again later. */
+      open_failed (r, c, h == NULL ? "nbd_create failed"
+                   : nbd_aio_is_ready (h) ? "the export differs"
+                   : nbd_get_error ());
       nbd_close (h);
       continue;
     }
@@ -885,10 +916,58 @@ watch (struct remote *r, struct rconn *c)
   }
 }
 
+/* " (and N more since the last message)" into buf, or "". */
+static const char *
+more_msg (char *buf, size_t len, uint64_t suppressed)
+{
+  buf[0] = '\0';
+  if (suppressed)
+    snprintf (buf, len, " (and %" PRIu64 " more since the last message)",
+              suppressed);
+  return buf;
+}
+
+/* Connecting c failed (before it was ready): when to try again.  The
+ * engine's backoff in an outage; the spare one while others work.
+ * Context: the loop thread, or remote_open before it runs.
+ */
+static void
+open_failed (struct remote *r, struct rconn *c, const char *why)
+{
+  unsigned up = __atomic_load_n (&r->nr_ready, __ATOMIC_SEQ_CST);
+  uint64_t now = now_ns (), delay, suppressed;
+  char more[64];
+
+  nbdkit_debug ("file=%s: connection %u: connecting failed: %s",
+                r->uri, c->idx, why);
+  if (up > 0 && !r->differs) {
+    delay = SPARE_RETRY_NS << (c->attempts < 6 ? c->attempts : 6);
+    delay = MIN (delay, SPARE_RETRY_MAX_NS);
+    if (!r->short_logged &&
+        ratelimit_allow (&r->short_log, now, &suppressed)) {
+      nbdkit_error ("file=%s: connection %u of %u cannot be opened while "
+                    "%u %s up (%s): going on with those; trying again "
+                    "after %.0f s, then less and less often (up to every "
+                    "%.0f s)%s",
+                    r->uri, c->idx, r->info.nr_conns, up,
+                    up == 1 ? "is" : "are", why, SPARE_RETRY_NS / 1e9,
+                    SPARE_RETRY_MAX_NS / 1e9,
+                    more_msg (more, sizeof more, suppressed));
+      r->short_logged = true;
+    }
+  }
+  else
+    delay = reconnect_delay (r, c->attempts);
+  c->next_attempt_ns = eng_add_ns (now, delay);
+  if (c->attempts < 64)
+    c->attempts++;
+}
+
 /* c's handle is dead, closed, failed to connect, or given up on. */
 static void
 conn_lost (struct remote *r, struct rconn *c, const char *why)
 {
+  enum rconn_state was = c->state;
   struct rcmd *cmd;
 
   if (c->state == RCONN_READY) {
@@ -898,9 +977,6 @@ conn_lost (struct remote *r, struct rconn *c, const char *why)
                     "wait up to retry-timeout", r->uri, why);
     r->outage_logged = true;
   }
-  else if (c->state == RCONN_CONNECTING)
-    nbdkit_debug ("file=%s: connection %u: reconnect failed: %s",
-                  r->uri, c->idx, why);
   if (c->events)
     ev_io_stop (r->loop, &c->io);
   c->events = 0;
@@ -917,10 +993,29 @@ conn_lost (struct remote *r, struct rconn *c, const char *why)
   }
   c->state = RCONN_DOWN;
   c->broken = false;
-  c->next_attempt_ns = eng_add_ns (now_ns (),
-                                   reconnect_delay (r, c->attempts));
-  if (c->attempts < 64)
-    c->attempts++;
+  if (was == RCONN_CONNECTING)
+    open_failed (r, c, why);
+  else {
+    c->next_attempt_ns = eng_add_ns (now_ns (),
+                                     reconnect_delay (r, c->attempts));
+    if (c->attempts < 64)
+      c->attempts++;
+  }
+}
+
+/* While the export differs, the others wait for this one's answer. */
+static uint64_t
+differs_delay (const struct remote *r)
+{
+  return MAX (DIFFERS_RETRY_NS, r->cfg.retry.max_delay_ns);
+}
+
+/* When c, down, is to be tried next. */
+static uint64_t
+attempt_at (const struct remote *r, const struct rconn *c)
+{
+  return r->differs ? MAX (c->next_attempt_ns, r->probe_at_ns)
+    : c->next_attempt_ns;
 }
 
 static void
@@ -928,14 +1023,12 @@ start_connect (struct remote *r, struct rconn *c)
 {
   struct nbd_handle *h = new_handle ();
 
+  if (r->differs)
+    r->probe_at_ns = eng_add_ns (now_ns (), differs_delay (r));
+
   if (h == NULL || nbd_aio_connect_uri (h, r->uri) == -1) {
-    nbdkit_debug ("file=%s: connection %u: reconnect failed: %s",
-                  r->uri, c->idx, nbd_get_error ());
+    open_failed (r, c, nbd_get_error ());
     nbd_close (h);
-    c->next_attempt_ns = eng_add_ns (now_ns (),
-                                     reconnect_delay (r, c->attempts));
-    if (c->attempts < 64)
-      c->attempts++;
     return;
   }
   c->nbd = h;
@@ -953,20 +1046,35 @@ static bool
 conn_ready (struct remote *r, struct rconn *c)
 {
   int64_t size = nbd_get_size (c->nbd);
+  uint64_t now = now_ns (), suppressed;
+  unsigned up;
+  char more[64];
 
   if (size != (int64_t) r->info.size) {
-    nbdkit_error ("file=%s: the server came back with an export of "
-                  "%" PRId64 " bytes, not %" PRIu64 ": not using it",
-                  r->uri, size, r->info.size);
-    conn_lost (r, c, "export size changed");
+    /* Every connection finds the same: one line a second at most. */
+    if (ratelimit_allow (&r->differs_log, now, &suppressed))
+      nbdkit_error ("file=%s: the server came back with an export that "
+                    "differs (size %" PRId64 ", not %" PRIu64 "): not "
+                    "using it; looking again every %.1f s%s",
+                    r->uri, size, r->info.size, differs_delay (r) / 1e9,
+                    more_msg (more, sizeof more, suppressed));
+    r->differs = true;
+    r->probe_at_ns = eng_add_ns (now, differs_delay (r));
+    conn_lost (r, c, "the export differs");
     return false;
   }
+  if (r->differs)
+    nbdkit_debug ("file=%s: the export is the one at start again", r->uri);
+  r->differs = false;
   c->state = RCONN_READY;
   c->attempts = 0;
-  if (__atomic_add_fetch (&r->nr_ready, 1, __ATOMIC_SEQ_CST) == 1) {
+  up = __atomic_add_fetch (&r->nr_ready, 1, __ATOMIC_SEQ_CST);
+  if (up == 1) {
     nbdkit_debug ("file=%s: reconnected", r->uri);
     r->outage_logged = false;
   }
+  if (up == r->info.nr_conns)
+    r->short_logged = false;
   return true;
 }
 
@@ -996,7 +1104,7 @@ rearm (struct remote *r)
     const struct rconn *c = &r->conns[i];
 
     if (c->state == RCONN_DOWN && !r->stopping)
-      d = MIN (d, c->next_attempt_ns);
+      d = MIN (d, attempt_at (r, c));
     else if (c->state == RCONN_CONNECTING)
       d = MIN (d, c->connect_deadline_ns);
   }
@@ -1118,7 +1226,7 @@ timer_cb (struct ev_loop *loop, ev_timer *w, int revents)
   for (i = 0; i < r->info.nr_conns; ++i) {
     struct rconn *c = &r->conns[i];
 
-    if (c->state == RCONN_DOWN && !r->stopping && now >= c->next_attempt_ns)
+    if (c->state == RCONN_DOWN && !r->stopping && now >= attempt_at (r, c))
       start_connect (r, c);
     else if (c->state == RCONN_CONNECTING && now >= c->connect_deadline_ns)
       conn_lost (r, c, "timed out");
@@ -1225,8 +1333,6 @@ remote_start (struct remote *r)
 
     ev_init (&c->io, io_cb);
     c->io.data = c;
-    if (c->state == RCONN_DOWN)
-      c->next_attempt_ns = now_ns ();
     watch (r, c);
   }
   rearm (r);

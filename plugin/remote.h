@@ -36,7 +36,11 @@
  *
  * A connection that breaks is reconnected in the loop with the engine's
  * capped exponential backoff (retry_delay() from src/retry.h,
- * retry-delay= up to retry-max-delay=).
+ * retry-delay= up to retry-max-delay=).  A server that came back with
+ * an export that differs is not used, and is probed slowly by one
+ * connection (see DIFFERS_RETRY_NS in remote.c).  A connection that
+ * cannot be opened while another to the same server works is tried
+ * again rarely (SPARE_RETRY_NS): the server is served on the others.
  *
  * Before the loop thread starts (.get_ready) and after it stopped
  * (.cleanup), the same operations run synchronously in the calling
