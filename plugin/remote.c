@@ -1019,6 +1019,8 @@ open_failed (struct remote *r, struct rconn *c, const char *why)
   if (up > 0 && !r->differs) {
     delay = SPARE_RETRY_NS << (c->attempts < 6 ? c->attempts : 6);
     delay = MIN (delay, SPARE_RETRY_MAX_NS);
+    /* Never faster than in an outage (a long retry-max-delay=). */
+    delay = MAX (delay, reconnect_delay (r, c->attempts));
     if (!r->short_logged &&
         ratelimit_allow (&r->short_log, now, &suppressed)) {
       nbdkit_error ("file=%s: connection %u of %u cannot be opened while "
