@@ -29,6 +29,7 @@
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -265,14 +266,16 @@ new_handle (void)
   return h;
 }
 
+/* What the server advertises on h (connected) into *i, all but
+ * nr_conns.  Returns -1 after nbdkit_error if the size is unknown.
+ */
 static int
-read_info (struct remote *r, struct nbd_handle *h)
+read_info (const char *uri, struct nbd_handle *h, struct remote_info *i)
 {
-  struct remote_info *i = &r->info;
   int64_t size = nbd_get_size (h), v;
 
   if (size == -1) {
-    nbdkit_error ("file=%s: nbd_get_size: %s", r->uri, nbd_get_error ());
+    nbdkit_error ("file=%s: nbd_get_size: %s", uri, nbd_get_error ());
     return -1;
   }
   i->size = size;
@@ -296,8 +299,80 @@ read_info (struct remote *r, struct nbd_handle *h)
   /* Never split below the minimum: whole multiples of it. */
   v = v / i->min_block * i->min_block;
   i->max_payload = v > 0 ? v : i->min_block;
-  r->max_no_payload = MAX_NO_PAYLOAD / i->min_block * i->min_block;
   return 0;
+}
+
+static void __attribute__ ((__format__ (__printf__, 4, 5)))
+append (char *buf, size_t len, size_t *off, const char *fmt, ...)
+{
+  va_list ap;
+  int n;
+
+  if (*off + 2 >= len)
+    return;
+  if (*off > 0) {
+    strcpy (buf + *off, ", ");
+    *off += 2;
+  }
+  va_start (ap, fmt);
+  n = vsnprintf (buf + *off, len - *off, fmt, ap);
+  va_end (ap);
+  if (n > 0)
+    *off = MIN (*off + n, len - 1);
+}
+
+/* Does the export on h (connected) break what the plug learnt at start
+ * and relies on for as long as nbdkit runs: the size; writes allowed;
+ * a FLUSH on one connection covering the writes of all (multi-conn,
+ * where more than one is used); the commands and flags it sends (FUA,
+ * trim, zero, fast zero, cache, block status); the sizes it aligns and
+ * splits to?  Gaining a feature is harmless (it goes unused), except
+ * flush: a server that now caches writes would never be flushed.
+ * Returns true and says what changed in why (len bytes).
+ */
+static bool
+export_differs (const struct remote *r, struct nbd_handle *h,
+                char *why, size_t len)
+{
+  const struct remote_info *was = &r->info;
+  struct remote_info now;
+  size_t off = 0;
+
+  why[0] = '\0';
+  if (read_info (r->uri, h, &now) == -1) {
+    append (why, len, &off, "size unknown");
+    return true;
+  }
+  if (now.size != was->size)
+    append (why, len, &off, "size %" PRIu64 ", not %" PRIu64,
+            now.size, was->size);
+  if (!was->readonly) {
+    if (now.readonly)
+      append (why, len, &off, "read-only");
+    if (now.can_flush != was->can_flush)
+      append (why, len, &off, now.can_flush ? "flush" : "no flush");
+    if (was->can_fua && !now.can_fua)
+      append (why, len, &off, "no FUA");
+    if (was->can_trim && !now.can_trim)
+      append (why, len, &off, "no trim");
+    if (was->can_zero && !now.can_zero)
+      append (why, len, &off, "no zero");
+    if (was->can_fast_zero && !now.can_fast_zero)
+      append (why, len, &off, "no fast zero");
+  }
+  if (was->nr_conns > 1 && !now.can_multi_conn)
+    append (why, len, &off, "no multi-conn");
+  if (was->can_cache && !now.can_cache)
+    append (why, len, &off, "no cache");
+  if (was->can_extents && !now.can_extents)
+    append (why, len, &off, "no block status");
+  if (was->min_block % now.min_block != 0)
+    append (why, len, &off, "minimum block size %" PRIu32 ", not %" PRIu32,
+            now.min_block, was->min_block);
+  if (now.max_payload < was->max_payload)
+    append (why, len, &off, "maximum block size %" PRIu32 ", not %" PRIu32,
+            now.max_payload, was->max_payload);
+  return off > 0;
 }
 
 struct remote *
@@ -306,6 +381,7 @@ remote_open (const char *uri, const struct remote_config *rcfg)
   struct remote *r;
   struct nbd_handle *h;
   unsigned i, n;
+  char why[256];
 
   r = calloc (1, sizeof *r);
   if (r == NULL || (r->uri = strdup (uri)) == NULL) {
@@ -338,10 +414,11 @@ remote_open (const char *uri, const struct remote_config *rcfg)
     nbd_close (h);
     goto err;
   }
-  if (read_info (r, h) == -1) {
+  if (read_info (uri, h, &r->info) == -1) {
     nbd_close (h);
     goto err;
   }
+  r->max_no_payload = MAX_NO_PAYLOAD / r->info.min_block * r->info.min_block;
   r->conns[0].nbd = h;
   r->conns[0].fd = nbd_aio_get_fd (h);
   r->conns[0].state = RCONN_READY;
@@ -358,11 +435,10 @@ remote_open (const char *uri, const struct remote_config *rcfg)
 
     h = new_handle ();
     if (h == NULL || nbd_connect_uri (h, uri) == -1 ||
-        nbd_get_size (h) != (int64_t) r->info.size) {
+        export_differs (r, h, why, sizeof why)) {
       /* The loop tries it again later. */
       open_failed (r, c, h == NULL ? "nbd_create failed"
-                   : nbd_aio_is_ready (h) ? "the export differs"
-                   : nbd_get_error ());
+                   : nbd_aio_is_ready (h) ? why : nbd_get_error ());
       nbd_close (h);
       continue;
     }
@@ -943,6 +1019,8 @@ open_failed (struct remote *r, struct rconn *c, const char *why)
   if (up > 0 && !r->differs) {
     delay = SPARE_RETRY_NS << (c->attempts < 6 ? c->attempts : 6);
     delay = MIN (delay, SPARE_RETRY_MAX_NS);
+    /* Never faster than in an outage (a long retry-max-delay=). */
+    delay = MAX (delay, reconnect_delay (r, c->attempts));
     if (!r->short_logged &&
         ratelimit_allow (&r->short_log, now, &suppressed)) {
       nbdkit_error ("file=%s: connection %u of %u cannot be opened while "
@@ -1040,23 +1118,21 @@ start_connect (struct remote *r, struct rconn *c)
 }
 
 /* A reconnect finished its handshake.  Returns false if the export is
- * not the one we had (its size changed): then it is given up on.
+ * not the one we had (export_differs): then it is given up on.
  */
 static bool
 conn_ready (struct remote *r, struct rconn *c)
 {
-  int64_t size = nbd_get_size (c->nbd);
   uint64_t now = now_ns (), suppressed;
   unsigned up;
-  char more[64];
+  char why[256], more[64];
 
-  if (size != (int64_t) r->info.size) {
+  if (export_differs (r, c->nbd, why, sizeof why)) {
     /* Every connection finds the same: one line a second at most. */
     if (ratelimit_allow (&r->differs_log, now, &suppressed))
       nbdkit_error ("file=%s: the server came back with an export that "
-                    "differs (size %" PRId64 ", not %" PRIu64 "): not "
-                    "using it; looking again every %.1f s%s",
-                    r->uri, size, r->info.size, differs_delay (r) / 1e9,
+                    "differs (%s): not using it; looking again every "
+                    "%.1f s%s", r->uri, why, differs_delay (r) / 1e9,
                     more_msg (more, sizeof more, suppressed));
     r->differs = true;
     r->probe_at_ns = eng_add_ns (now, differs_delay (r));

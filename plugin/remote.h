@@ -37,8 +37,9 @@
  * A connection that breaks is reconnected in the loop with the engine's
  * capped exponential backoff (retry_delay() from src/retry.h,
  * retry-delay= up to retry-max-delay=).  A server that came back with
- * an export that differs is not used, and is probed slowly by one
- * connection (see DIFFERS_RETRY_NS in remote.c).  A connection that
+ * an export that differs from struct remote_info in a way the plug
+ * relies on (export_differs in remote.c) is not used, and is probed
+ * slowly by one connection (DIFFERS_RETRY_NS).  A connection that
  * cannot be opened while another to the same server works is tried
  * again rarely (SPARE_RETRY_NS): the server is served on the others.
  *
@@ -63,7 +64,8 @@
 struct remote;
 
 /* What the server advertised at the first connection.  Read-only once
- * remote_open returned.
+ * remote_open returned; a reconnect to an export that breaks it is
+ * refused.
  */
 struct remote_info {
   uint64_t size;
