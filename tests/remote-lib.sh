@@ -156,3 +156,15 @@ model_run_remote ()
   }
   echo "== $name: ok in $(( (end - start) / 1000000 )) ms"
 }
+
+# wait_plug_log TEXT [TENTHS]: wait up to TENTHS tenths of a second
+# (default 300) for a line containing TEXT in the plug's log; 1 if none.
+wait_plug_log ()
+{
+  local i
+  for ((i = 0; i < ${2:-300}; ++i)); do
+    grep -qF -- "$1" "$tmp/plug.log" && return 0
+    sleep 0.1
+  done
+  return 1
+}

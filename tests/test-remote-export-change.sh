@@ -34,11 +34,7 @@ srv_kill r
 # wait_line TEXT: the plug logs that the export differs, naming TEXT.
 wait_line ()
 {
-  local i
-  for ((i = 0; i < 150; ++i)); do
-    grep -qF -- "$1" "$tmp/plug.log" && return 0
-    sleep 0.1
-  done
+  wait_plug_log "$1" 150 && return 0
   grep 'came back with' "$tmp/plug.log" | tail -3
   fail "no log line naming: $1"
 }
@@ -82,11 +78,7 @@ variant bs "minimum block size 4096, not 1, maximum block size 65536, not" \
 srv_stop r
 
 srv_start r unix --filter=log file "$tmp/disk.img" logfile="$tmp/back.txt"
-for ((i = 0; i < 300; ++i)); do
-  grep -q 'reconnected' "$tmp/plug.log" && break
-  sleep 0.1
-done
-grep -q 'reconnected' "$tmp/plug.log" || fail "no reconnect to the export"
+wait_plug_log 'reconnected' || fail "no reconnect to the export"
 nbdsh_sys -u "${srv_uri[plug]}" -c '
 h.pwrite(b"C" * 4096, 4096)
 h.flush()

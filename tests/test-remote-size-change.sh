@@ -57,11 +57,7 @@ srv_stop r
 ! grep -q ' Write ' "$tmp/big.txt" || fail "the plug wrote to the other export"
 
 srv_start r unix file "$tmp/disk.img"
-for ((i = 0; i < 300; ++i)); do
-  grep -q 'reconnected' "$tmp/plug.log" && break
-  sleep 0.1
-done
-grep -q 'reconnected' "$tmp/plug.log" || fail "no reconnect to the right export"
+wait_plug_log 'reconnected' || fail "no reconnect to the right export"
 nbdsh_sys -u "${srv_uri[plug]}" -c '
 h.pwrite(b"C" * 4096, 8192)
 h.flush()
