@@ -22,7 +22,9 @@
 # Environment: BENCH_REPS (5), BENCH_SECONDS (2), BENCH_SIZE (256M),
 # BENCH_QD (16), BENCH_TMPDIR (/dev/shm), BENCH_HOG (0; 1: run
 # `stress-ng --cpu 1` beside the benchmark), BENCH_SCENARIOS (subset of
-# the names below), PLUGIN.  Raw lines on stderr, the table on stdout.
+# the names below), BENCH_PLUG_ARGS (more plugin parameters, e.g.
+# "max-inflight=1"; nbdkit options such as -D plug.FLAG=1 as one word
+# go before the plugin), PLUGIN.  Raw lines on stderr, the table on stdout.
 
 set -euo pipefail
 BENCH_REPS=${BENCH_REPS:-5}
@@ -34,6 +36,10 @@ BENCH_TMPDIR=${BENCH_TMPDIR:-/dev/shm}
 command -v fio >/dev/null || die "fio not found"
 
 qd=$BENCH_QD
+plug_opts=() plug_args=()
+for a in ${BENCH_PLUG_ARGS:-}; do
+  case $a in -*) plug_opts+=("$a") ;; *) plug_args+=("$a") ;; esac
+done
 
 # name | fio --rw | --bs | servers
 scenarios=(
@@ -67,8 +73,10 @@ measure ()
   rm -f "$stats" "$tmp/fio.json"
   case $kind in
     base) server=(file "$file") ;;
-    wb)   server=("$PLUGIN" "$file" "statsfile=$stats") ;;
-    hold) server=("$PLUGIN" "$file" mode=hold "statsfile=$stats") ;;
+    wb)   server=("${plug_opts[@]}" "$PLUGIN" "$file" "statsfile=$stats"
+                  "${plug_args[@]}") ;;
+    hold) server=("${plug_opts[@]}" "$PLUGIN" "$file" mode=hold
+                  "statsfile=$stats" "${plug_args[@]}") ;;
   esac
   start_server "${server[@]}"
   t0=$(cpu_ticks "$server_pid")
@@ -98,7 +106,7 @@ hog="no"
 
 echo "# nbdplug bench/cpu.sh  $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "# $(uname -srm), $(nproc) CPUs, load $(load_avg), $(nbdkit --version)," \
-     "$(fio --version), git $plugin_id"
+     "$(fio --version), git $plugin_id${BENCH_PLUG_ARGS:+, plug: $BENCH_PLUG_ARGS}"
 echo "# files in $BENCH_TMPDIR ($(df -PT "$tmp" | awk 'NR == 2 { print $2 }'))," \
      "size $BENCH_SIZE, QD $qd, ${BENCH_SECONDS}s x $BENCH_REPS (median)," \
      "CPU hog: $hog"

@@ -86,13 +86,34 @@ enum conn_state {
   CONN_CLOSING,                 /* ENG_CLOSE submitted. */
 };
 
-/* Hold mode: how a connection paces its plug. */
+/* Hold mode: how a connection paces its plug.  In hold mode every
+ * held request parks a worker and its client, so holding pays only
+ * where the backend is the bottleneck: what arrives while a run is
+ * written is what merging gains.
+ */
 enum conn_pace {
   PACE_PLUG,                    /* Wait for idle= (or another trigger). */
   PACE_PASSTHROUGH,             /* The client has one request in flight:
                                  * waiting could never merge anything, it
                                  * only adds latency.  Unplug at once. */
+  PACE_BUSY,                    /* The backend answers long before the
+                                 * client comes back: unplug at once when
+                                 * nothing of the connection is in flight,
+                                 * else when that finishes (requests merge
+                                 * only while the backend is busy, like
+                                 * the kernel's queue of a busy device). */
 };
+
+/* PACE_PLUG -> PACE_BUSY: a parked unplug found the client took more
+ * than BUSY_RATIO times the backend's time to bring its next batch, or
+ * the idle= timer had to unplug with nothing of the connection in
+ * flight, BUSY_STREAK times in a row.  PACE_BUSY -> PACE_PLUG: the completion
+ * of the connection's last run found at least PLUG_GATHER requests
+ * held meanwhile, BUSY_STREAK times in a row.
+ */
+#define BUSY_RATIO 4
+#define PLUG_GATHER 4
+#define BUSY_STREAK 2
 
 struct eng_conn {
   struct engine *e;
@@ -101,6 +122,9 @@ struct eng_conn {
   enum conn_state state;
   enum conn_pace pace;
   unsigned lone_streak;
+  unsigned pace_streak;         /* Toward the other of PLUG and BUSY. */
+  uint64_t last_svc_ns;         /* Issue to completion of the last run. */
+  uint64_t drained_ns;          /* When nr_runs last dropped to 0. */
 
   struct plug plug;
   uint64_t last_activity_ns;
@@ -593,10 +617,12 @@ run_blocked (const struct eng_file *f, const struct eng_run *r)
 }
 
 static void
-run_issue (struct eng_file *f, struct eng_run *r, struct eng_actions *out)
+run_issue (struct eng_file *f, struct eng_run *r, uint64_t now,
+           struct eng_actions *out)
 {
   assert (r->state == RUN_QUEUED);
   r->state = RUN_INFLIGHT;
+  r->issued_ns = now;
   f->nr_queued--;
   f->inflight++;
   act_issue (out, r);
@@ -628,7 +654,7 @@ queue_dispatch (struct engine *e, uint32_t b, uint64_t now, bool force,
       STATS_ADD (r->conn->stats->no_slot, 1);
       break;
     }
-    run_issue (f, r, out);
+    run_issue (f, r, now, out);
   }
 }
 
@@ -791,8 +817,23 @@ check_parked (struct engine *e, struct eng_conn *c, uint64_t now,
               struct eng_actions *out)
 {
   if (!plug_is_empty (&c->plug) && c->nr_workers > 0 &&
-      c->nr_waiting >= c->nr_workers && c->nr_runs == 0)
+      c->nr_waiting >= c->nr_workers && c->nr_runs == 0) {
+    if (e->cfg.mode == ENG_HOLD && c->pace == PACE_PLUG &&
+        c->drained_ns > 0) {
+      /* The whole client queue waited for the backend, then the
+       * backend waited for the whole client queue.
+       */
+      uint64_t client_ns = now - c->drained_ns;
+
+      c->pace_streak = client_ns / BUSY_RATIO > c->last_svc_ns ?
+        c->pace_streak + 1 : 0;
+      if (c->pace_streak >= BUSY_STREAK) {
+        c->pace = PACE_BUSY;
+        c->pace_streak = 0;
+      }
+    }
     conn_unplug (e, c, PLUG_UNPLUG_PARKED, now, out);
+  }
 }
 
 /* Give op a sequence number and hold it. */
@@ -817,6 +858,42 @@ admit (struct engine *e, struct eng_conn *c, struct eng_op *op, uint64_t now,
     conn_unplug (e, c, PLUG_UNPLUG_IDLE, now, out);
   else if (plug_full (&c->plug, &reason))
     conn_unplug (e, c, reason, now, out);
+  else if (c->pace == PACE_BUSY && c->nr_runs == 0)
+    conn_unplug (e, c, PLUG_UNPLUG_QUIET, now, out);
+}
+
+/* Hold mode: the idle= timer unplugs c.  With nothing of c in flight,
+ * its client brought all it had and then waited for us: its queue is
+ * shorter than its worker threads, so the parked trigger never fires
+ * and every batch would wait for idle=.  See enum conn_pace.
+ */
+static void
+pace_idle (struct eng_conn *c)
+{
+  c->pace_streak = c->nr_runs == 0 ? c->pace_streak + 1 : 0;
+  if (c->pace_streak >= BUSY_STREAK) {
+    c->pace = PACE_BUSY;
+    c->pace_streak = 0;
+  }
+}
+
+/* Hold mode: c's last run finished at now.  See enum conn_pace. */
+static void
+pace_drained (struct engine *e, struct eng_conn *c, uint64_t now,
+              struct eng_actions *out)
+{
+  c->drained_ns = now;
+  if (c->pace != PACE_BUSY || plug_is_empty (&c->plug))
+    return;
+  c->pace_streak = c->plug.reqs.len >= PLUG_GATHER ? c->pace_streak + 1 : 0;
+  if (c->pace_streak >= BUSY_STREAK) {
+    /* From the next request on the parked trigger paces the plug; what
+     * is held now goes out with the backend idle, as it would there.
+     */
+    c->pace = PACE_PLUG;
+    c->pace_streak = 0;
+  }
+  conn_unplug (e, c, PLUG_UNPLUG_QUIET, now, out);
 }
 
 static void
@@ -957,7 +1034,7 @@ issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
     r->batch = e->next_batch++;
     r->min_seq = op->seq;
     queue_append (e, r);
-    run_issue (&e->files[r->run->backing], r, out);
+    run_issue (&e->files[r->run->backing], r, now, out);
   }
   return 0;
 }
@@ -1342,11 +1419,13 @@ engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
 {
   uint32_t b = r->run->backing;
   struct eng_file *f = &e->files[b];
+  struct eng_conn *c = r->conn;
   bool fast = r->run->flags & PLUG_F_FAST;
 
   assert (r->state == RUN_INFLIGHT);
   assert (f->inflight > 0);
   f->inflight--;
+  c->last_svc_ns = now > r->issued_ns ? now - r->issued_ns : 0;
 
   if (err == 0) {
     stats_count (&r->conn->stats->backend[stats_backend_of (r->run->op)],
@@ -1382,6 +1461,8 @@ engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
     run_finish (e, r, err, now, out);
   }
   queue_dispatch (e, b, now, false, out);
+  if (e->cfg.mode == ENG_HOLD && c->nr_runs == 0)
+    pace_drained (e, c, now, out);
   check_waiters (e, now, out);
 }
 
@@ -1490,6 +1571,8 @@ engine_tick (struct engine *e, uint64_t now, struct eng_actions *out)
           c->lone_streak + 1 : 0;
         if (c->lone_streak >= LONE_STREAK)
           c->pace = PACE_PASSTHROUGH;
+        else if (c->pace == PACE_PLUG && !aged)
+          pace_idle (c);
       }
       conn_unplug (e, c, aged ? PLUG_UNPLUG_MAX_DELAY : PLUG_UNPLUG_IDLE,
                    now, out);

@@ -191,6 +191,7 @@ struct eng_run {
   uint64_t batch;               /* Runs of one batch never overlap. */
   uint64_t min_seq;             /* Oldest member. */
   uint64_t first_fail_ns;       /* First "not now", 0 if none. */
+  uint64_t issued_ns;           /* Last issued (hold mode's pacing). */
   struct eng_run *qprev, *qnext;        /* Its file's queue. */
   struct eng_run *issue_next;           /* Action list. */
 };

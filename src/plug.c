@@ -29,6 +29,7 @@ static const char *const reason_names[PLUG_NR_REASONS] = {
   [PLUG_UNPLUG_FAST_ZERO] = "fast-zero",
   [PLUG_UNPLUG_MEMORY] = "memory",
   [PLUG_UNPLUG_PARKED] = "parked",
+  [PLUG_UNPLUG_QUIET] = "quiet",
 };
 
 const char *

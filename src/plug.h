@@ -64,8 +64,11 @@ enum plug_reason {
   PLUG_UNPLUG_PARKED,           /* Every worker thread we know of waits in
                                  * the plug: nobody is left to bring the
                                  * request that would unplug it. */
+  PLUG_UNPLUG_QUIET,            /* Nothing of the connection is queued or
+                                 * in flight: holding cannot merge more
+                                 * than what arrives meanwhile. */
 };
-#define PLUG_NR_REASONS 12
+#define PLUG_NR_REASONS 13
 
 /* Name of a reason as used in statistics and debug messages. */
 extern const char *plug_reason_name (enum plug_reason r);

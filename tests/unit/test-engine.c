@@ -491,6 +491,152 @@ test_hold_and_timers (void)
   free_all ();
 }
 
+/* One wave of a hold-mode client with `workers` threads: they all
+ * bring a 4 KiB write, client_us apart, then the backend takes svc_us
+ * for whatever was issued.  Returns the number of runs issued before
+ * the last write of the wave arrived.
+ */
+static uint64_t wave_off;
+
+static size_t
+wave (struct eng_conn *c, unsigned workers, uint64_t client_us,
+      uint64_t svc_us)
+{
+  size_t early = 0;
+  unsigned i;
+
+  for (i = 0; i < workers; ++i) {
+    now += client_us * 1000;
+    if (i == workers - 1)
+      early = nr_inflight;
+    submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
+    wave_off += 4096;
+  }
+  while (nr_inflight > 0) {
+    now += svc_us * 1000;
+    complete_all (0);
+  }
+  return early;
+}
+
+static void
+test_hold_pacing (void)
+{
+  struct eng_conn *c;
+  struct eng_actions a;
+  struct req *w[8];
+  size_t i, early = 0;
+  uint64_t quiet;
+
+  e = make (ENG_HOLD, 64, 4 << 20, 1);
+  memset (&stats, 0, sizeof stats);
+  c = conn ();
+  eng_actions_init (&a);
+  engine_conn_set_workers (e, c, 8, now, &a);
+  perform (&a);
+  wave_off = 0;
+
+  /* A backend far faster than the client: the parked unplug is how
+   * every wave starts, until it has seen that twice.
+   */
+  for (i = 0; i < 3; ++i)
+    early += wave (c, 8, 50, 10);
+  ok (early == 0 && stats.unplugs[PLUG_UNPLUG_PARKED] == 3,
+      "a fast backend: the first waves wait until every worker parked");
+  w[0] = submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
+  wave_off += 4096;
+  ok (nr_inflight == 1 && inflight[0]->run->n == 1 &&
+      stats.unplugs[PLUG_UNPLUG_QUIET] == 1,
+      "then a write with nothing in flight is issued at once");
+  for (i = 1; i < 4; ++i) {
+    w[i] = submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
+    wave_off += 4096;
+  }
+  ok (nr_inflight == 1 && !w[1]->res.answered,
+      "writes arriving while it is written are held");
+  complete (0, 0);
+  ok (w[0]->res.answered && nr_inflight == 1 && inflight[0]->run->n == 3,
+      "and go out as one run when it finishes");
+  complete_all (0);
+  ok (w[3]->res.answered && w[3]->res.err == 0, "answered once written");
+
+  /* The backend slows down: what gathers while it writes shows that
+   * holding pays again, twice in a row.
+   */
+  for (i = 0; i < 2; ++i) {
+    size_t k;
+
+    submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
+    wave_off += 4096;
+    for (k = 0; k < 7; ++k) {
+      w[k] = submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
+      wave_off += 4096;
+    }
+    now += 1000 * MS;
+    complete (0, 0);
+    ok (nr_inflight == 1 && inflight[0]->run->n == 7,
+        "slow backend %zu: the 7 held writes go out together", i + 1);
+    now += 1000 * MS;
+    complete_all (0);
+    ok (w[6]->res.answered, "and are answered");
+  }
+  quiet = stats.unplugs[PLUG_UNPLUG_QUIET];
+  w[0] = submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
+  wave_off += 4096;
+  ok (nr_inflight == 0 && !w[0]->res.answered,
+      "back to waiting: a lone write is held");
+  early = wave (c, 7, 50, 1000 * 1000);
+  ok (early == 0 && stats.unplugs[PLUG_UNPLUG_QUIET] == quiet &&
+      w[0]->res.answered, "until every worker parked");
+
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
+/* A client queue shorter than the connection's worker threads: the
+ * parked trigger never fires, and waiting for idle= twice with the
+ * backend idle is enough to stop waiting.
+ */
+static void
+test_hold_short_queue (void)
+{
+  struct eng_conn *c;
+  struct eng_actions a;
+  struct req *w = NULL;
+  unsigned i, k;
+
+  e = make (ENG_HOLD, 64, 4 << 20, 1);
+  memset (&stats, 0, sizeof stats);
+  c = conn ();
+  eng_actions_init (&a);
+  engine_conn_set_workers (e, c, 16, now, &a);
+  perform (&a);
+  wave_off = 0;
+  for (i = 0; i < 2; ++i) {
+    for (k = 0; k < 4; ++k) {
+      w = submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
+      wave_off += 4096;
+    }
+    ok (nr_inflight == 0, "short queue, wave %u: held", i + 1);
+    tick (10000 * MS);
+    ok (nr_inflight == 1 && inflight[0]->run->n == 4 &&
+        stats.unplugs[PLUG_UNPLUG_IDLE] == i + 1,
+        "until idle= (the four merged)");
+    complete_all (0);
+    ok (w->res.answered, "answered");
+  }
+  w = submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
+  wave_off += 4096;
+  ok (nr_inflight == 1 && stats.unplugs[PLUG_UNPLUG_QUIET] == 1,
+      "then a write is issued at once when nothing is in flight");
+  complete_all (0);
+  ok (w->res.answered, "answered");
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
 int
 main (void)
 {
@@ -504,5 +650,7 @@ main (void)
   test_memory_bound_every_run_fails ();
   test_fast_zero ();
   test_hold_and_timers ();
+  test_hold_pacing ();
+  test_hold_short_queue ();
   return done_testing ();
 }
