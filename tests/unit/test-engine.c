@@ -491,13 +491,40 @@ test_hold_and_timers (void)
   free_all ();
 }
 
+static uint64_t wave_off;       /* Where next_write writes. */
+
+/* A hold-mode engine with one connection of `workers` threads. */
+static struct eng_conn *
+hold_conn (unsigned workers)
+{
+  struct eng_actions a;
+  struct eng_conn *c;
+
+  e = make (ENG_HOLD, 64, 4 << 20, 1);
+  memset (&stats, 0, sizeof stats);
+  c = conn ();
+  eng_actions_init (&a);
+  engine_conn_set_workers (e, c, workers, now, &a);
+  perform (&a);
+  wave_off = 0;
+  return c;
+}
+
+/* The client's next 4 KiB of a sequential stream. */
+static struct req *
+next_write (struct eng_conn *c)
+{
+  struct req *q = submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
+
+  wave_off += 4096;
+  return q;
+}
+
 /* One wave of a hold-mode client with `workers` threads: they all
  * bring a 4 KiB write, client_us apart, then the backend takes svc_us
  * for whatever was issued.  Returns the number of runs issued before
  * the last write of the wave arrived.
  */
-static uint64_t wave_off;
-
 static size_t
 wave (struct eng_conn *c, unsigned workers, uint64_t client_us,
       uint64_t svc_us)
@@ -509,8 +536,7 @@ wave (struct eng_conn *c, unsigned workers, uint64_t client_us,
     now += client_us * 1000;
     if (i == workers - 1)
       early = nr_inflight;
-    submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
-    wave_off += 4096;
+    next_write (c);
   }
   while (nr_inflight > 0) {
     now += svc_us * 1000;
@@ -523,18 +549,11 @@ static void
 test_hold_pacing (void)
 {
   struct eng_conn *c;
-  struct eng_actions a;
   struct req *w[8];
   size_t i, early = 0;
   uint64_t quiet;
 
-  e = make (ENG_HOLD, 64, 4 << 20, 1);
-  memset (&stats, 0, sizeof stats);
-  c = conn ();
-  eng_actions_init (&a);
-  engine_conn_set_workers (e, c, 8, now, &a);
-  perform (&a);
-  wave_off = 0;
+  c = hold_conn (8);
 
   /* A backend far faster than the client: the parked unplug is how
    * every wave starts, until it has seen that twice.
@@ -543,14 +562,12 @@ test_hold_pacing (void)
     early += wave (c, 8, 50, 10);
   ok (early == 0 && stats.unplugs[PLUG_UNPLUG_PARKED] == 3,
       "a fast backend: the first waves wait until every worker parked");
-  w[0] = submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
-  wave_off += 4096;
+  w[0] = next_write (c);
   ok (nr_inflight == 1 && inflight[0]->run->n == 1 &&
       stats.unplugs[PLUG_UNPLUG_QUIET] == 1,
       "then a write with nothing in flight is issued at once");
   for (i = 1; i < 4; ++i) {
-    w[i] = submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
-    wave_off += 4096;
+    w[i] = next_write (c);
   }
   ok (nr_inflight == 1 && !w[1]->res.answered,
       "writes arriving while it is written are held");
@@ -566,11 +583,9 @@ test_hold_pacing (void)
   for (i = 0; i < 2; ++i) {
     size_t k;
 
-    submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
-    wave_off += 4096;
+    next_write (c);
     for (k = 0; k < 7; ++k) {
-      w[k] = submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
-      wave_off += 4096;
+      w[k] = next_write (c);
     }
     now += 1000 * MS;
     complete (0, 0);
@@ -581,8 +596,7 @@ test_hold_pacing (void)
     ok (w[6]->res.answered, "and are answered");
   }
   quiet = stats.unplugs[PLUG_UNPLUG_QUIET];
-  w[0] = submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
-  wave_off += 4096;
+  w[0] = next_write (c);
   ok (nr_inflight == 0 && !w[0]->res.answered,
       "back to waiting: a lone write is held");
   early = wave (c, 7, 50, 1000 * 1000);
@@ -602,21 +616,13 @@ static void
 test_hold_short_queue (void)
 {
   struct eng_conn *c;
-  struct eng_actions a;
   struct req *w = NULL;
   unsigned i, k;
 
-  e = make (ENG_HOLD, 64, 4 << 20, 1);
-  memset (&stats, 0, sizeof stats);
-  c = conn ();
-  eng_actions_init (&a);
-  engine_conn_set_workers (e, c, 16, now, &a);
-  perform (&a);
-  wave_off = 0;
+  c = hold_conn (16);
   for (i = 0; i < 2; ++i) {
     for (k = 0; k < 4; ++k) {
-      w = submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
-      wave_off += 4096;
+      w = next_write (c);
     }
     ok (nr_inflight == 0, "short queue, wave %u: held", i + 1);
     tick (10000 * MS);
@@ -626,8 +632,7 @@ test_hold_short_queue (void)
     complete_all (0);
     ok (w->res.answered, "answered");
   }
-  w = submit (c, mkreq (ENG_WRITE, 0, wave_off, 4096, 0));
-  wave_off += 4096;
+  w = next_write (c);
   ok (nr_inflight == 1 && stats.unplugs[PLUG_UNPLUG_QUIET] == 1,
       "then a write is issued at once when nothing is in flight");
   complete_all (0);
