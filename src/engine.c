@@ -107,9 +107,15 @@ enum conn_pace {
 /* PACE_PLUG -> PACE_BUSY: a parked unplug found the client took more
  * than BUSY_RATIO times the backend's time to bring its next batch, or
  * the idle= timer had to unplug with nothing of the connection in
- * flight, BUSY_STREAK times in a row.  PACE_BUSY -> PACE_PLUG: the completion
- * of the connection's last run found at least PLUG_GATHER requests
- * held meanwhile, BUSY_STREAK times in a row.
+ * flight, BUSY_STREAK times in a row.  PACE_BUSY -> PACE_PLUG: the
+ * completions of the connection's last run found at least PLUG_GATHER
+ * requests held meanwhile on average over the last BUSY_STREAK (2) that
+ * found any, and together as many as the connection has workers.  With
+ * one run in flight at a time, two batches in a row are the client's
+ * whole queue: it alternates large and small (15, 1, 15, 1 of 16), so
+ * an average and not a streak of large ones; and a queue shorter than
+ * the workers never fires the parked trigger, so holding would only
+ * wait for idle=.
  */
 #define BUSY_RATIO 4
 #define PLUG_GATHER 4
@@ -123,6 +129,8 @@ struct eng_conn {
   enum conn_pace pace;
   unsigned lone_streak;
   unsigned pace_streak;         /* Toward the other of PLUG and BUSY. */
+  size_t last_gathered;         /* PACE_BUSY: held at the last drain
+                                 * that found any. */
   uint64_t last_svc_ns;         /* Issue to completion of the last run. */
   uint64_t drained_ns;          /* When nr_runs last dropped to 0. */
 
@@ -829,6 +837,7 @@ check_parked (struct engine *e, struct eng_conn *c, uint64_t now,
         c->pace_streak + 1 : 0;
       if (c->pace_streak >= BUSY_STREAK) {
         c->pace = PACE_BUSY;
+        c->last_gathered = 0;
         c->pace_streak = 0;
       }
     }
@@ -873,6 +882,7 @@ pace_idle (struct eng_conn *c)
   c->pace_streak = c->nr_runs == 0 ? c->pace_streak + 1 : 0;
   if (c->pace_streak >= BUSY_STREAK) {
     c->pace = PACE_BUSY;
+    c->last_gathered = 0;
     c->pace_streak = 0;
   }
 }
@@ -882,17 +892,23 @@ static void
 pace_drained (struct engine *e, struct eng_conn *c, uint64_t now,
               struct eng_actions *out)
 {
+  size_t gathered = c->plug.reqs.len;
+
   c->drained_ns = now;
-  if (c->pace != PACE_BUSY || plug_is_empty (&c->plug))
+  if (c->pace != PACE_BUSY || gathered == 0)
     return;
-  c->pace_streak = c->plug.reqs.len >= PLUG_GATHER ? c->pace_streak + 1 : 0;
-  if (c->pace_streak >= BUSY_STREAK) {
+  if (c->pace_streak + 1 < BUSY_STREAK)
+    c->pace_streak++;           /* Drains seen, up to BUSY_STREAK. */
+  else if (gathered + c->last_gathered >= BUSY_STREAK * PLUG_GATHER &&
+           gathered + c->last_gathered >= c->nr_workers) {
     /* From the next request on the parked trigger paces the plug; what
      * is held now goes out with the backend idle, as it would there.
      */
     c->pace = PACE_PLUG;
     c->pace_streak = 0;
+    gathered = 0;
   }
+  c->last_gathered = gathered;
   conn_unplug (e, c, PLUG_UNPLUG_QUIET, now, out);
 }
 
