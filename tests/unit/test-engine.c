@@ -648,7 +648,7 @@ test_hold_alternating (void)
 {
   struct eng_conn *c;
   struct req *w = NULL;
-  size_t i, k, n;
+  size_t i, k;
 
   c = hold_conn (8);
   for (i = 0; i < 3; ++i)
