@@ -106,8 +106,9 @@ enum conn_pace {
 
 /* PACE_PLUG -> PACE_BUSY: a parked unplug found the client took more
  * than BUSY_RATIO times the backend's time to bring its next batch, or
- * the idle= timer had to unplug with nothing of the connection in
- * flight, BUSY_STREAK times in a row.  PACE_BUSY -> PACE_PLUG: the
+ * a timer (idle=, or max-delay= where that is the shorter) had to
+ * unplug with nothing of the connection in flight, BUSY_STREAK times in
+ * a row.  PACE_BUSY -> PACE_PLUG: the
  * completions of the connection's last run found at least PLUG_GATHER
  * requests held meanwhile on average over the last BUSY_STREAK (2) that
  * found any, and together as many as the connection has workers.  With
@@ -871,10 +872,11 @@ admit (struct engine *e, struct eng_conn *c, struct eng_op *op, uint64_t now,
     conn_unplug (e, c, PLUG_UNPLUG_QUIET, now, out);
 }
 
-/* Hold mode: the idle= timer unplugs c.  With nothing of c in flight,
- * its client brought all it had and then waited for us: its queue is
- * shorter than its worker threads, so the parked trigger never fires
- * and every batch would wait for idle=.  See enum conn_pace.
+/* Hold mode: a timer (idle= or max-delay=) unplugs c.  With nothing of
+ * c in flight, its client brought all it had and then waited for us:
+ * its queue is shorter than its worker threads, so the parked trigger
+ * never fires and every batch would wait for the timer.  See enum
+ * conn_pace.
  */
 static void
 pace_idle (struct eng_conn *c)
@@ -1587,7 +1589,7 @@ engine_tick (struct engine *e, uint64_t now, struct eng_actions *out)
           c->lone_streak + 1 : 0;
         if (c->lone_streak >= LONE_STREAK)
           c->pace = PACE_PASSTHROUGH;
-        else if (c->pace == PACE_PLUG && !aged)
+        else if (c->pace == PACE_PLUG)
           pace_idle (c);
       }
       conn_unplug (e, c, aged ? PLUG_UNPLUG_MAX_DELAY : PLUG_UNPLUG_IDLE,
