@@ -34,11 +34,12 @@ BUILD_PKGS="gcc make autoconf automake libtool pkg-config perl
 # What the tests drive the plugin with: nbdsh, qemu (host client and the
 # guest used for the kernel nbd driver), nbd-client, e2fsprogs, strace,
 # valgrind, gdb (tells a sanitizer build's known hang in a library
-# destructor at exit from a real one), fuser (psmisc).  The guest kernel
+# destructor at exit from a real one), fuser (psmisc), fio (its nbd
+# engine drives the remote tests).  The guest kernel
 # and busybox are downloaded by the tests themselves (apt-get download,
 # never installed).
 TEST_PKGS="libnbd-bin python3-libnbd qemu-utils qemu-system-x86 nbd-client
-  e2fsprogs strace valgrind gdb ca-certificates jq psmisc"
+  e2fsprogs strace valgrind gdb ca-certificates jq psmisc fio"
 
 install_missing ()
 {
