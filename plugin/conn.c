@@ -271,6 +271,7 @@ submit_wait (struct conn *c, struct request *r)
 {
   struct glue_actions a;
   struct waiter w;
+  size_t nr_pieces = r->op.nr_pieces, room = r->room;
   bool acked;
   int ret;
 
@@ -280,6 +281,11 @@ submit_wait (struct conn *c, struct request *r)
   pthread_mutex_lock (&eng_lock);
   ret = engine_submit (eng, c ? c->ec : NULL, &r->op, now_ns (), &a.eng);
   acked = r->op.acked;          /* r may be freed once we unlock. */
+  /* A write copied after all (submit_mutation): its thread's next one
+   * is expected to be plugged and copied too.
+   */
+  if (room > 0)
+    request_refill_locked (nr_pieces, room);
   glue_end_locked (&a);
   pthread_mutex_unlock (&eng_lock);
   if (ret == -1) {
@@ -442,6 +448,32 @@ speculate_room (const void *data, uint32_t flags, uint32_t count)
   return !cfg.direct || last_plugged ? count : 0;
 }
 
+/* r, a write whose data is still nbdkit's buffer, moved into a block
+ * with room for a copy of it: recycled like every other block, where a
+ * buffer of its own would go back to malloc, which trims its heap and
+ * faults the pages in again at the next one.  r is freed.  Returns the
+ * new block, or NULL after nbdkit_error (r freed too).
+ */
+static struct request *
+request_with_copy (struct request *r, const void *data)
+{
+  struct request *n = request_alloc (r->op.nr_pieces, r->op.count);
+
+  if (n == NULL) {
+    nbdkit_error ("malloc: %m");
+    request_free (&r->op);
+    return NULL;
+  }
+  n->op = r->op;
+  n->op.pieces = n->pieces;
+  memcpy (n->pieces, r->pieces, r->op.nr_pieces * sizeof *n->pieces);
+  n->copy = request_room (n);
+  memcpy (n->copy, data, n->op.count);
+  request_set_data (n, n->copy, data);
+  request_free (&r->op);
+  return n;
+}
+
 /* Submit a write, zero or trim (data: nbdkit's buffer for a write).  A
  * FUA one is answered once written, then syncs the files it touched:
  * NBD "MUST NOT send its reply ... until ... persisted".
@@ -510,7 +542,10 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
     acked = r->op.acked;        /* r may be reused once we unlock. */
     submitted = true;
   }
-  request_refill_locked (r);
+  /* The spare for this thread's next request: it speculates a copy
+   * when this one was plugged.
+   */
+  request_refill_locked (r->op.nr_pieces, copy && !direct ? r->op.count : 0);
   glue_end_locked (&a);
   pthread_mutex_unlock (&eng_lock);
   last_plugged = !direct;
@@ -530,15 +565,9 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   }
   if (!direct && !submitted) {
     /* The direct path was expected and refused: copy now. */
-    r->copy = malloc (r->op.count);
-    if (r->copy == NULL) {
-      nbdkit_error ("malloc: %m");
-      request_free (&r->op);
+    r = request_with_copy (r, data);
+    if (r == NULL)
       return -1;
-    }
-    r->copy_owned = true;
-    memcpy (r->copy, data, r->op.count);
-    request_set_data (r, r->copy, data);
     r->op.bytes = r->op.count;
     ret = submit_wait (c, r);
   }

@@ -106,10 +106,13 @@ request_alloc (size_t nr_pieces, size_t room)
     return r;
   }
   room_size = cls >= 0 ? CLASS_ROOM (cls) : room;
-  r = calloc (1, header_size (cls >= 0 ? REQ_PIECES : nr_pieces) +
-              room_size);
+  /* Not calloc: zeroing the data room (and faulting in every page of
+   * it at once) is wasted on a copy that overwrites it.
+   */
+  r = malloc (header_size (cls >= 0 ? REQ_PIECES : nr_pieces) + room_size);
   if (r == NULL)
     return NULL;
+  memset (r, 0, offsetof (struct request, pieces));
   r->cls = cls;
   r->room = room_size;
   /* For request_room of an unrecycled block. */
@@ -120,11 +123,7 @@ request_alloc (size_t nr_pieces, size_t room)
 void
 request_free (struct eng_op *op)
 {
-  struct request *r = (struct request *) op;
-
-  if (r->copy_owned)
-    free (r->copy);
-  free (r);
+  free (op);
 }
 
 void
@@ -136,7 +135,7 @@ request_recycle_locked (struct eng_actions *a)
     struct request *r = (struct request *) op;
 
     next = op->release_next;
-    if (r->cls >= 0 && !r->copy_owned && cache_len[r->cls] < CACHE_SLOTS &&
+    if (r->cls >= 0 && cache_len[r->cls] < CACHE_SLOTS &&
         cache_bytes + class_size (r->cls) <= cfg.lim.max_bytes) {
       cache_bytes += class_size (r->cls);
       cache[r->cls][cache_len[r->cls]++] = r;
@@ -150,9 +149,9 @@ request_recycle_locked (struct eng_actions *a)
 }
 
 void
-request_refill_locked (const struct request *like)
+request_refill_locked (size_t nr_pieces, size_t room)
 {
-  int k = like->cls;
+  int k = class_of (nr_pieces, room);
 
   /* Without the key, a thread's spare would outlive the thread. */
   if (!spare_key_made || k < 0 || cache_len[k] == 0 ||

@@ -29,18 +29,17 @@
 
 struct request {
   struct eng_op op;             /* First: request_free takes an op. */
-  void *copy;                   /* The writeback copy, or NULL: the
-                                 * block's room or, if copy_owned, a
-                                 * malloc of its own. */
-  bool copy_owned;
+  void *copy;                   /* The writeback copy in the block's
+                                 * room, or NULL. */
   int cls;                      /* Size class, or -1: never recycled. */
   size_t room;                  /* Bytes of data room after the pieces. */
   struct plug_req pieces[];     /* op.pieces points here. */
 };
 
-/* A zeroed request with room for nr_pieces pieces and `room` bytes of
- * data (request_room).  The calling thread's spare is used if it has
- * the right size.  Returns NULL with errno.
+/* A request with room for nr_pieces pieces and `room` bytes of data
+ * (request_room), its header zeroed; the pieces and the room are left
+ * for the caller to fill.  The calling thread's spare is used if it
+ * has the right size.  Returns NULL with errno.
  */
 extern struct request *request_alloc (size_t nr_pieces, size_t room);
 
@@ -55,10 +54,11 @@ extern void request_free (struct eng_op *op);
  */
 extern void request_recycle_locked (struct eng_actions *a);
 
-/* eng_lock held: if the calling thread has no spare, take one of
- * like's size from the cache for its next request.
+/* eng_lock held: if the calling thread has no spare, take one from
+ * the cache for its next request, sized for nr_pieces pieces and
+ * `room` bytes of data.
  */
-extern void request_refill_locked (const struct request *like);
+extern void request_refill_locked (size_t nr_pieces, size_t room);
 
 /* Set up and tear down (.get_ready / .unload): a thread's spare is
  * freed when the thread exits.
