@@ -46,6 +46,7 @@ scenarios=(
   "rand4k-write|randwrite|4k|base wb"
   "seq4k-write|write|4k|base wb hold"
   "seq64k-write|write|64k|base wb"
+  "rand64k-write|randwrite|64k|base wb"
   "rand4k-read|randread|4k|base wb"
 )
 
