@@ -30,27 +30,8 @@ retry_delay (const struct retry_policy *p, unsigned attempt)
   return d < cap ? d : cap;
 }
 
-bool
-retry_failed (const struct retry_policy *p, struct retry_state *s,
-              uint64_t now_ns, uint64_t *delay_ns)
-{
-  uint64_t elapsed, left, d;
-
-  if (s->attempts == 0)
-    s->first_ns = now_ns;
-  elapsed = now_ns >= s->first_ns ? now_ns - s->first_ns : 0;
-  if (elapsed >= p->timeout_ns)
-    return false;
-  left = p->timeout_ns - elapsed;
-  d = retry_delay (p, s->attempts);
-  s->attempts++;
-  *delay_ns = d < left ? d : left;
-  return true;
-}
-
 void
 retry_reset (struct retry_state *s)
 {
   s->attempts = 0;
-  s->first_ns = 0;
 }

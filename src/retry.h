@@ -27,9 +27,12 @@ struct retry_policy {
                                  * failure (retry-timeout=). */
 };
 
+/* The backoff of one queue.  The give-up deadline is the run's own
+ * (engine.c: first_fail_ns), not the queue's: runs of one queue fail at
+ * different times.
+ */
 struct retry_state {
-  unsigned attempts;            /* Failures so far; 0 = not delayed. */
-  uint64_t first_ns;            /* Clock at the first failure. */
+  unsigned attempts;            /* Delays so far; 0 = not delayed. */
 };
 
 /* Is err a "not now" (resource shortage) rather than a failure?
@@ -43,16 +46,6 @@ extern bool retry_is_transient (int err);
  */
 extern uint64_t retry_delay (const struct retry_policy *p, unsigned attempt)
   __attribute__ ((__nonnull__ (1)));
-
-/* Record a transient failure at time now_ns.  Returns true and sets
- * *delay_ns if the caller should retry after that delay; returns false
- * if the policy gives up (the deadline passed, or would pass before the
- * retry: the last retry is moved to the deadline instead, so a request
- * gets its full retry-timeout but never more).
- */
-extern bool retry_failed (const struct retry_policy *p, struct retry_state *s,
-                          uint64_t now_ns, uint64_t *delay_ns)
-  __attribute__ ((__nonnull__ (1, 2, 4)));
 
 /* A success: forget the failures. */
 extern void retry_reset (struct retry_state *s)
