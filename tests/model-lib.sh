@@ -166,12 +166,57 @@ model_size ()
   esac
 }
 
+# model_layout NAME LAYOUT: make the backing files of LAYOUT
+# ("concat:SIZE,..." or "stripe:STRIPE:N:SIZE", sizes with K and M) in
+# $tmp/NAME, filled with initial contents that are a function of NAME
+# (so reruns are equal), and the reference image $tmp/NAME/init.  Sets
+# ml_dir, ml_layout (sizes in bytes, as model-check.py takes it),
+# ml_sizes, ml_files, ml_bounds (model-test's --boundary options) and
+# ml_stripe (the plug's stripe= parameter, or nothing).
+model_layout ()
+{
+  local name=$1 layout=$2 kind rest i off stripe n size
+
+  ml_dir=$tmp/$name
+  ml_sizes=()
+  ml_files=()
+  ml_bounds=()
+  ml_stripe=()
+  mkdir "$ml_dir"
+  kind=${layout%%:*}
+  rest=${layout#*:}
+  if [ "$kind" = concat ]; then
+    IFS=, read -r -a ml_sizes <<< "$rest"
+    off=0
+    for ((i = 0; i < ${#ml_sizes[@]}; ++i)); do
+      ml_sizes[i]=$(model_size "${ml_sizes[i]}")
+      off=$((off + ml_sizes[i]))
+      [ $i -lt $((${#ml_sizes[@]} - 1)) ] && ml_bounds+=(--boundary "$off")
+    done
+    ml_layout=concat:$(IFS=,; echo "${ml_sizes[*]}")
+  else
+    IFS=: read -r stripe n size <<< "$rest"
+    stripe=$(model_size "$stripe")
+    size=$(model_size "$size")
+    for ((i = 0; i < n; ++i)); do ml_sizes+=("$size"); done
+    ml_bounds+=(--boundary-step "$stripe")
+    ml_stripe+=("stripe=$stripe")
+    ml_layout=stripe:$stripe:$n:$size
+  fi
+  for ((i = 0; i < ${#ml_sizes[@]}; ++i)); do
+    ml_files+=("$ml_dir/f$i")
+  done
+  model_check make "$ml_layout" "$(cksum <<< "$name" | cut -d' ' -f1)" \
+              "${ml_files[@]}"
+  model_check image "$ml_layout" "${ml_files[@]}" > "$ml_dir/init"
+}
+
 model_run ()
 {
   local name=$1 layout=$2 mode=$3
   shift 3
-  local opts=() params=() margs=() files=() bounds=() sizes=() s n i off
-  local dir=$tmp/$name conns=4 kind rest stripe size start end rc cmd
+  local opts=() params=() margs=() files=() bounds=() f
+  local dir=$tmp/$name conns=4 i start end rc cmd
 
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do
     case $1 in
@@ -186,36 +231,14 @@ model_run ()
     [ "${margs[i]}" = "--connections" ] && conns=${margs[i+1]}
   done
 
-  mkdir "$dir"
-  kind=${layout%%:*}
-  rest=${layout#*:}
-  if [ "$kind" = concat ]; then
-    IFS=, read -r -a sizes <<< "$rest"
-    off=0
-    for ((i = 0; i < ${#sizes[@]}; ++i)); do
-      sizes[i]=$(model_size "${sizes[i]}")
-      off=$((off + sizes[i]))
-      [ $i -lt $((${#sizes[@]} - 1)) ] && bounds+=(--boundary "$off")
-    done
-    layout=concat:$(IFS=,; echo "${sizes[*]}")
-  else
-    IFS=: read -r stripe n size <<< "$rest"
-    stripe=$(model_size "$stripe")
-    size=$(model_size "$size")
-    for ((i = 0; i < n; ++i)); do sizes+=("$size"); done
-    bounds+=(--boundary-step "$stripe")
-    params+=("stripe=$stripe")
-    layout=stripe:$stripe:$n:$size
-  fi
-  for ((i = 0; i < ${#sizes[@]}; ++i)); do
-    files+=("$dir/f$i")
-    params+=("file=$dir/f$i")
+  model_layout "$name" "$layout"
+  layout=$ml_layout
+  files=("${ml_files[@]}")
+  bounds=("${ml_bounds[@]}")
+  params+=("${ml_stripe[@]}")
+  for f in "${files[@]}"; do
+    params+=("file=$f")
   done
-
-  # Initial contents: a function of the run's name, so reruns are equal.
-  model_check make "$layout" "$(cksum <<< "$name" | cut -d' ' -f1)" \
-              "${files[@]}"
-  model_check image "$layout" "${files[@]}" > "$dir/init"
 
   printf -v cmd '%q ' "$MODEL" --connections "$conns" "${bounds[@]}" \
          --init "$dir/init" --dump "$dir/dump" --mask "$dir/mask" "${margs[@]}"

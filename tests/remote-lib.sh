@@ -55,7 +55,7 @@ model_run_remote ()
   local name=$1 layout=$2 mode=$3 kinds=$4
   shift 4
   local params=() margs=() files=() bounds=() sizes=() kind_of=()
-  local dir=$tmp/$name conns=4 i n off stripe size rest kind rc=0 start end
+  local dir=$tmp/$name conns=4 i rc=0 start end
   local remotes=()
 
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do
@@ -68,38 +68,17 @@ model_run_remote ()
     [ "${margs[i]}" = "--connections" ] && conns=${margs[i+1]}
   done
 
-  mkdir "$dir"
   IFS=, read -r -a kind_of <<< "$kinds"
-  kind=${layout%%:*}
-  rest=${layout#*:}
-  if [ "$kind" = concat ]; then
-    IFS=, read -r -a sizes <<< "$rest"
-    off=0
-    for ((i = 0; i < ${#sizes[@]}; ++i)); do
-      sizes[i]=$(model_size "${sizes[i]}")
-      off=$((off + sizes[i]))
-      [ $i -lt $((${#sizes[@]} - 1)) ] && bounds+=(--boundary "$off")
-    done
-    layout=concat:$(IFS=,; echo "${sizes[*]}")
-  else
-    IFS=: read -r stripe n size <<< "$rest"
-    stripe=$(model_size "$stripe")
-    size=$(model_size "$size")
-    for ((i = 0; i < n; ++i)); do sizes+=("$size"); done
-    bounds+=(--boundary-step "$stripe")
-    params+=("stripe=$stripe")
-    layout=stripe:$stripe:$n:$size
-  fi
+  model_layout "$name" "$layout"
+  layout=$ml_layout
+  sizes=("${ml_sizes[@]}")
+  files=("${ml_files[@]}")
+  bounds=("${ml_bounds[@]}")
+  params+=("${ml_stripe[@]}")
   if [ ${#kind_of[@]} -ne ${#sizes[@]} ]; then
     echo "model_run_remote: ${#kind_of[@]} kinds for ${#sizes[@]} files"
     return 1
   fi
-  for ((i = 0; i < ${#sizes[@]}; ++i)); do
-    files+=("$dir/f$i")
-  done
-  model_check make "$layout" "$(cksum <<< "$name" | cut -d' ' -f1)" \
-              "${files[@]}"
-  model_check image "$layout" "${files[@]}" > "$dir/init"
 
   for ((i = 0; i < ${#sizes[@]}; ++i)); do
     case ${kind_of[i]} in

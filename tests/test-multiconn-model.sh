@@ -31,46 +31,22 @@ quiet_kill ()
   kill -KILL "$@" 2>/dev/null || :
 }
 
-# mc_layout NAME LAYOUT: create the backing files of LAYOUT (as
-# model_run does: "concat:SIZE,..." or "stripe:STRIPE:N:SIZE") in
-# $tmp/NAME with random initial contents.  Sets mc_dir, mc_layout (sizes
-# in bytes), mc_files, mc_params (file= and stripe=) and mc_bounds (the
-# model-test --boundary options).
+# mc_layout NAME LAYOUT: model_layout (model-lib.sh) with the names
+# this test uses: mc_dir, mc_layout, mc_files, mc_bounds, and mc_params
+# (stripe= and file=).
 mc_layout ()
 {
-  local name=$1 layout=$2 kind rest sizes=() i off stripe n size
-  mc_dir=$tmp/$name
-  mc_files=()
-  mc_params=()
-  mc_bounds=()
-  mkdir "$mc_dir"
-  kind=${layout%%:*}
-  rest=${layout#*:}
-  if [ "$kind" = concat ]; then
-    IFS=, read -r -a sizes <<< "$rest"
-    off=0
-    for ((i = 0; i < ${#sizes[@]}; ++i)); do
-      sizes[i]=$(model_size "${sizes[i]}")
-      off=$((off + sizes[i]))
-      [ $i -lt $((${#sizes[@]} - 1)) ] && mc_bounds+=(--boundary "$off")
-    done
-    mc_layout=concat:$(IFS=,; echo "${sizes[*]}")
-  else
-    IFS=: read -r stripe n size <<< "$rest"
-    stripe=$(model_size "$stripe")
-    size=$(model_size "$size")
-    for ((i = 0; i < n; ++i)); do sizes+=("$size"); done
-    mc_bounds+=(--boundary-step "$stripe")
-    mc_params+=("stripe=$stripe")
-    mc_layout=stripe:$stripe:$n:$size
-  fi
-  for ((i = 0; i < ${#sizes[@]}; ++i)); do
-    mc_files+=("$mc_dir/f$i")
-    mc_params+=("file=$mc_dir/f$i")
+  local f
+
+  model_layout "$1" "$2"
+  mc_dir=$ml_dir
+  mc_layout=$ml_layout
+  mc_files=("${ml_files[@]}")
+  mc_bounds=("${ml_bounds[@]}")
+  mc_params=("${ml_stripe[@]}")
+  for f in "${mc_files[@]}"; do
+    mc_params+=("file=$f")
   done
-  model_check make "$mc_layout" "$(cksum <<< "$name" | cut -d' ' -f1)" \
-              "${mc_files[@]}"
-  model_check image "$mc_layout" "${mc_files[@]}" > "$mc_dir/init"
 }
 
 # mc_serve PARAMS...: nbdkit -f with the plug on $mc_dir/sock; sets
