@@ -64,7 +64,6 @@ measure ()
 {
   local kind=$1 rw=$2 bs=$3 file=$tmp/disk stats=$tmp/stats.json
   local -a server fioargs=()
-  local t0 t1 ios out
 
   case $rw in
     read|randread) make_read_file; file=$read_file ;;
@@ -80,25 +79,10 @@ measure ()
                   "statsfile=$stats" "${plug_args[@]}") ;;
   esac
   start_server "${server[@]}"
-  t0=$(cpu_ticks "$server_pid")
-  fio --name=bench --ioengine=nbd --uri="$server_uri" \
-      --rw="$rw" --bs="$bs" --iodepth="$qd" --size="$BENCH_SIZE" \
-      --norandommap --time_based --runtime="$BENCH_SECONDS" \
-      "${fioargs[@]}" --output-format=json --output="$tmp/fio.json" \
-      >>"$tmp/fio.log" 2>&1 ||
-    die "fio failed against ${server[*]}: $(tail -n3 "$tmp/fio.log")"
-  t1=$(cpu_ticks "$server_pid")
-  stop_server
-  ios=$(fio_ios "$tmp/fio.json")
-  out="iops=$(fio_iops "$tmp/fio.json") ios=$ios ticks=$((t1 - t0))"
-  out+=" cpu_us=$(us_per_req $((t1 - t0)) "$ios")"
-  if [ "$kind" != base ]; then
-    [ -s "$stats" ] || die "no statsfile from the $kind run"
-    out+=$(jq -r '" cops=\(.client.write.ops) bops=\(.backend.write.ops)" +
-                  " conns=\(.connections)"' "$stats")
-  fi
+  fio_measure "$kind" "$stats" --rw="$rw" --bs="$bs" \
+              --iodepth="$qd" --size="$BENCH_SIZE" "${fioargs[@]}"
   [ "$file" != "$read_file" ] && rm -f "$file"
-  echo "$out"
+  echo "$fio_result"
 }
 
 start_hog

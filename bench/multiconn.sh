@@ -42,7 +42,6 @@ measure ()
 {
   local kind=$1 conns=$2 file=$tmp/disk stats=$tmp/stats.json
   local -a server jobargs
-  local t0 t1 ios out
 
   rm -f "$file" "$stats" "$tmp/fio.json"
   truncate -s "$BENCH_SIZE" "$file"
@@ -58,24 +57,10 @@ measure ()
              --offset_increment="$part")
   fi
   start_server "${server[@]}"
-  t0=$(cpu_ticks "$server_pid")
-  fio --name=bench --ioengine=nbd --uri="$server_uri" \
-      --rw="$MC_RW" --bs="$MC_BS" "${jobargs[@]}" --group_reporting \
-      --norandommap --time_based --runtime="$BENCH_SECONDS" --end_fsync=1 \
-      --output-format=json --output="$tmp/fio.json" >>"$tmp/fio.log" 2>&1 ||
-    die "fio failed against ${server[*]}: $(tail -n3 "$tmp/fio.log")"
-  t1=$(cpu_ticks "$server_pid")
-  stop_server
-  ios=$(fio_ios "$tmp/fio.json")
-  out="iops=$(fio_iops "$tmp/fio.json") ios=$ios ticks=$((t1 - t0))"
-  out+=" cpu_us=$(us_per_req $((t1 - t0)) "$ios")"
-  if [ "$kind" != base ]; then
-    [ -s "$stats" ] || die "no statsfile from the $kind run"
-    out+=$(jq -r '" cops=\(.client.write.ops) bops=\(.backend.write.ops)" +
-                  " conns=\(.connections)"' "$stats")
-  fi
+  fio_measure "$kind" "$stats" --rw="$MC_RW" --bs="$MC_BS" \
+              "${jobargs[@]}" --group_reporting --end_fsync=1
   rm -f "$file"
-  echo "$out"
+  echo "$fio_result"
 }
 
 start_hog

@@ -119,6 +119,35 @@ us_per_req ()
     'BEGIN { if (n > 0) printf "%.2f", t * 1e6 / hz / n; else print "-" }'
 }
 
+# fio_measure KIND STATS FIO-ARGS...: one fio --ioengine=nbd run of
+# $BENCH_SECONDS against the server start_server started, which is then
+# stopped.  Sets fio_result to "iops=N ios=N ticks=N cpu_us=X" (the
+# server's CPU over the run) and, unless KIND is base, "cops=N bops=N
+# conns=N" (client and backend write ops, connections) from the plug's
+# statsfile STATS.  Not in a $(...): the server is this shell's child.
+fio_measure ()
+{
+  local kind=$1 stats=$2 t0 t1 ios out
+  shift 2
+
+  t0=$(cpu_ticks "$server_pid")
+  fio --name=bench --ioengine=nbd --uri="$server_uri" \
+      --norandommap --time_based --runtime="$BENCH_SECONDS" "$@" \
+      --output-format=json --output="$tmp/fio.json" >>"$tmp/fio.log" 2>&1 ||
+    die "fio failed against the $kind server: $(tail -n3 "$tmp/fio.log")"
+  t1=$(cpu_ticks "$server_pid")
+  stop_server
+  ios=$(fio_ios "$tmp/fio.json")
+  out="iops=$(fio_iops "$tmp/fio.json") ios=$ios ticks=$((t1 - t0))"
+  out+=" cpu_us=$(us_per_req $((t1 - t0)) "$ios")"
+  if [ "$kind" != base ]; then
+    [ -s "$stats" ] || die "no statsfile from the $kind run"
+    out+=$(jq -r '" cops=\(.client.write.ops) bops=\(.backend.write.ops)" +
+                  " conns=\(.connections)"' "$stats")
+  fi
+  fio_result=$out
+}
+
 load_avg ()
 {
   cut -d' ' -f1-3 /proc/loadavg
