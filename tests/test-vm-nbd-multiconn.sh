@@ -23,7 +23,10 @@
 #  * (checked here, on the host) the statsfile says mode writeback and
 #    8 connections, and shows merging: client write ops > backend write
 #    ops; the plug's per-connection statistics show that each of the 4
-#    connections of the first attach carried writes.
+#    connections of the first attach carried writes.  (An attach whose
+#    receive works the guest kernel's workqueue rescuer starved, which a
+#    loaded host provokes, is detached and made again by the guest; its
+#    4 connections are then expected too: see vm/guest-nbd-multi.sh.)
 #
 # Negative control: nbdkit's memory plugin advertises multi-conn and
 # keeps the data, but only in RAM ("cd tests && PLUGIN=memory
@@ -47,9 +50,18 @@ vm_run nbd-multi -smp $CONNS || fail "guest test failed (see the console above)"
 
 vm_section "$tmp/nbd-multi.log" stats > "$tmp/stats.json"
 vm_section "$tmp/nbd-multi.log" conn-stats > "$tmp/conn-stats"
-/usr/bin/python3 - "$tmp/stats.json" "$tmp/conn-stats" "$CONNS" <<'PY' ||
+vm_section "$tmp/nbd-multi.log" attaches > "$tmp/attaches"
+/usr/bin/python3 - "$tmp/stats.json" "$tmp/conn-stats" "$CONNS" \
+  "$tmp/attaches" <<'PY' ||
 import json, re, sys
 path, conn_path, conns = sys.argv[1], sys.argv[2], int(sys.argv[3])
+# Attaches the guest made (an attach whose receive works the guest
+# kernel's workqueue rescuer starved is detached and made again), and
+# which of them is the first one that was used.
+attaches, first = (int(x) for x in open(sys.argv[4]).read().split())
+if attaches > 2:
+    print("the guest attached %d times (%d starved by its kernel)"
+          % (attaches, attaches - 2))
 s = json.load(open(path))
 cw, bw = s["client"]["write"]["ops"], s["backend"]["write"]["ops"]
 print("connections=%s client write ops=%d bytes=%d, backend write ops=%d "
@@ -70,21 +82,22 @@ errors = []
 if s.get("mode") != "writeback":
     errors.append("statsfile says mode %r, want writeback (the default)"
                   % s.get("mode"))
-if s.get("connections") != 2 * conns:
+if s.get("connections") != attaches * conns:
     errors.append("connections = %r, want %d" % (s.get("connections"),
-                                                 2 * conns))
+                                                 attaches * conns))
 if cw == 0:
     errors.append("no client writes counted")
 if not cw > bw:
     errors.append("no merging: client write ops %d <= backend write ops %d"
                   % (cw, bw))
-# The guest waited for the first attach's connections to close before
-# it reconnected, so they are the first ones logged.
-if len(per) != 2 * conns:
+# The guest waited for each attach's connections to close before it
+# attached again, so they are logged attach by attach.
+if len(per) != attaches * conns:
     errors.append("%d per-connection statistics lines, want %d"
-                  % (len(per), 2 * conns))
+                  % (len(per), attaches * conns))
 else:
-    idle = [cid for cid, cm, _ in per[:conns] if cm == 0]
+    used = per[(first - 1) * conns:first * conns]
+    idle = [cid for cid, cm, _ in used if cm == 0]
     if idle:
         errors.append("connections %s of the first attach carried no "
                       "writes" % idle)
