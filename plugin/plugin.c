@@ -74,13 +74,17 @@ NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
  * the parallelism a plain file plugin has.
  */
 #define DEFAULT_IO_THREADS             16
-/* Requests at least this large are written at once (no copy): a request
- * as large as the largest run (max-merge's default) cannot become part
- * of a larger one.  Smaller values save the copy of large requests on a
- * local file but give up merging them in front of a slow backend (the
- * kernel's nbd driver sends 64-128 KiB requests).
+/* Requests at least this large are written at once (no copy).  In
+ * front of an NBD server, where every operation is a round trip, only a
+ * request as large as the largest run (max-merge's default), which
+ * cannot become part of a larger one; the kernel's nbd driver sends
+ * 64-128 KiB requests, and those merge.  On local files the page cache
+ * takes a 64 KiB write for about what the plug's copy of it costs, so
+ * merging it saves nothing: measured, CPU per 64 KiB sequential write
+ * 1.11x of nbdkit file against 1.38x with 1M.
  */
-#define DEFAULT_DIRECT_SIZE      (1024 * 1024)
+#define DEFAULT_DIRECT_SIZE_LOCAL   (64 * 1024)
+#define DEFAULT_DIRECT_SIZE_REMOTE  (1024 * 1024)
 /* blk-mq's BLK_MQ_RESOURCE_DELAY: rerun the queue 3 ms later. */
 #define DEFAULT_RETRY_DELAY_NS    3000000ULL
 #define DEFAULT_RETRY_MAX_DELAY_NS 100000000ULL  /* 100 ms */
@@ -105,7 +109,7 @@ struct config cfg = {
   .max_inflight = DEFAULT_MAX_INFLIGHT,
   .io_threads = DEFAULT_IO_THREADS,
   .direct = true,
-  .direct_min = DEFAULT_DIRECT_SIZE,
+  .direct_min = UINT64_MAX,     /* Set by make_engine unless given. */
   .retry = {
     .delay_ns = DEFAULT_RETRY_DELAY_NS,
     .max_delay_ns = DEFAULT_RETRY_MAX_DELAY_NS,
@@ -452,7 +456,16 @@ engine_log (void *opaque, int level, const char *msg)
 static int
 make_engine (void)
 {
-  struct eng_config ec = {
+  struct eng_config ec;
+  size_t i;
+
+  if (cfg.direct_min == UINT64_MAX) {
+    cfg.direct_min = DEFAULT_DIRECT_SIZE_LOCAL;
+    for (i = 0; i < nr_backings; ++i)
+      if (backings[i].remote)
+        cfg.direct_min = DEFAULT_DIRECT_SIZE_REMOTE;
+  }
+  ec = (struct eng_config) {
     .mode = cfg.mode == MODE_HOLD ? ENG_HOLD : ENG_WRITEBACK,
     .nr_backings = nr_backings,
     .idle_ns = cfg.idle_ns,
@@ -466,7 +479,6 @@ make_engine (void)
     .debug_unplug = plug_debug_unplug,
     .names = (const char *const *) files.ptr,
   };
-  size_t i;
 
   eng = engine_new (&ec);
   if (eng == NULL) {
@@ -612,7 +624,9 @@ plugin_dump_plugin (void)
   printf ("plug_max_inflight_default=%d\n", DEFAULT_MAX_INFLIGHT);
   printf ("plug_io_threads_default=%d\n", DEFAULT_IO_THREADS);
   printf ("plug_direct_default=auto\n");
-  printf ("plug_direct_size_default=%d\n", DEFAULT_DIRECT_SIZE);
+  printf ("plug_direct_size_default=%d\n", DEFAULT_DIRECT_SIZE_LOCAL);
+  printf ("plug_direct_size_default_remote=%d\n",
+          DEFAULT_DIRECT_SIZE_REMOTE);
   printf ("plug_retry_delay_default=3ms\n");
   printf ("plug_retry_max_delay_default=100ms\n");
   printf ("plug_retry_timeout_default=10s\n");
@@ -904,7 +918,8 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   "remote-connections=N    NBD connections per URI if it allows multi-conn (4).\n" \
   "remote-queue-depth=N    Backend I/Os in flight per NBD URI, all connections (64).\n" \
   "direct=auto|never       Write what cannot merge at once, unplugged (auto).\n" \
-  "direct-size=SIZE        With direct=auto, also requests this large (1M; 0: off).\n" \
+  "direct-size=SIZE        With direct=auto, also requests this large (64k;\n" \
+  "                        1M with an NBD server as a backing file; 0: off).\n" \
   "retry-delay=DURATION    First retry after EAGAIN/ENOMEM (3ms).\n" \
   "retry-max-delay=DURATION Backoff cap (100ms).\n" \
   "retry-timeout=DURATION  Give up with EIO after this long (10s).\n" \

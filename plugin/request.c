@@ -27,8 +27,8 @@
 #define REQ_PIECES 4
 
 /* Size classes of recycled blocks: 0 has no data room, k >= 1 has
- * 2 KiB << k (4 KiB .. 1 MiB: larger writes take the direct path by
- * default, direct-size=1M).
+ * 2 KiB << k (4 KiB .. 1 MiB: larger writes take the direct path with
+ * every default of direct-size=).
  */
 #define REQ_CLASSES 10
 #define CLASS_ROOM(k) ((k) == 0 ? (size_t) 0 : (size_t) 2048 << (k))

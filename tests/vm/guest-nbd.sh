@@ -18,7 +18,11 @@ for mode in $MODES; do
   dev1=/dev/nbd$n
   dev2=/dev/nbd$((n + 1))
   n=$((n + 2))
-  start_plug /tmp/$mode.sock file=$a file=$b mode=$mode \
+  # direct-size=1M, the default in front of an NBD server: the files
+  # stand for a backend that charges per operation, so that the kernel's
+  # 64-128 KiB requests merge too (on local files they are written
+  # directly by default, which the host's merge check would not see).
+  start_plug /tmp/$mode.sock file=$a file=$b mode=$mode direct-size=1M \
     statsfile=/tmp/stats-$mode.json || fail "$mode: nbdkit did not start"
 
   nbd_connect /tmp/$mode.sock $dev1 || fail "$mode: nbd-client"
