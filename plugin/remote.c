@@ -199,18 +199,23 @@ struct remote {
   struct ratelimit short_log;
   struct rcmd *parked, **parked_tail;
   struct rcmd *done, **done_tail;
-  /* A FLUSH covers what the server answered before it (NBD spec), so
+  struct eng_run *batch_runs[DONE_BATCH];
+  int batch_errs[DONE_BATCH];
+  size_t nr_batch;
+
+  /* Atomic: written by the loop thread (or the blocking path, one
+   * command at a time), read by workers (remote_start_flush).
+   *
+   * A FLUSH covers what the server answered before it (NBD spec), so
    * one is needed only if a run was answered since the last FLUSH that
    * succeeded was issued: mutations counts runs answered (whatever the
-   * result), flushed_mark is mutations when that FLUSH was issued
+   * result) except those written with FUA, which are durable once
+   * answered; flushed_mark is mutations when that FLUSH was issued
    * (FLUSHED_NEVER at first: the first FLUSH is always sent, it may
    * cover what an earlier client left in the server's cache).
    */
   uint64_t mutations;
   uint64_t flushed_mark;
-  struct eng_run *batch_runs[DONE_BATCH];
-  int batch_errs[DONE_BATCH];
-  size_t nr_batch;
 };
 
 static void settle (struct remote *r);
@@ -611,10 +616,49 @@ connected (struct nbd_handle *h)
   return nbd_aio_is_ready (h) == 1 || nbd_aio_is_processing (h) == 1;
 }
 
+/* ---- FLUSH bookkeeping (any thread) ---- */
+
+/* Nothing was answered since a FLUSH that succeeded was issued: a
+ * FLUSH now has nothing to cover (a striped or concatenated export
+ * flushes every server at each FLUSH, most of them often clean).
+ */
+static bool
+flush_is_clean (const struct remote *r)
+{
+  uint64_t mark = __atomic_load_n (&r->flushed_mark, __ATOMIC_SEQ_CST);
+
+  return mark != FLUSHED_NEVER &&
+    __atomic_load_n (&r->mutations, __ATOMIC_SEQ_CST) == mark;
+}
+
+/* Run cmd was answered with err: count it unless it is durable already
+ * (written with FUA, all of it answered with success).
+ */
+static void
+note_mutation (struct remote *r, const struct rcmd *cmd, int err)
+{
+  if (err != 0 || !(cmd->flags & LIBNBD_CMD_FLAG_FUA))
+    __atomic_add_fetch (&r->mutations, 1, __ATOMIC_SEQ_CST);
+}
+
+/* A FLUSH issued when mutations was mark succeeded.  Marks only grow:
+ * a later FLUSH may have been answered first.
+ */
+static void
+note_flushed (struct remote *r, uint64_t mark)
+{
+  uint64_t old = __atomic_load_n (&r->flushed_mark, __ATOMIC_SEQ_CST);
+
+  while ((old == FLUSHED_NEVER || mark > old) &&
+         !__atomic_compare_exchange_n (&r->flushed_mark, &old, mark, false,
+                                       __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+    ;
+}
+
 /* ---- the blocking path (no loop thread) ---- */
 
 static int
-run_blocking (struct remote *r, struct rcmd *cmd)
+issue_blocking (struct remote *r, struct rcmd *cmd)
 {
   struct nbd_handle *h = NULL;
   uint64_t off = cmd->offset, left = cmd->count;
@@ -648,6 +692,22 @@ run_blocking (struct remote *r, struct rcmd *cmd)
   if (cmd->kind == RC_EXTENTS)
     *cmd->nr_ext_out = cmd->nr_ext;
   return 0;
+}
+
+/* cmd, carried out here and now (the loop is not running); it keeps
+ * the FLUSH bookkeeping as finish_done does.
+ */
+static int
+run_blocking (struct remote *r, struct rcmd *cmd)
+{
+  uint64_t mark = __atomic_load_n (&r->mutations, __ATOMIC_SEQ_CST);
+  int err = issue_blocking (r, cmd);
+
+  if (cmd->kind == RC_RUN)
+    note_mutation (r, cmd, err);
+  else if (cmd->kind == RC_FLUSH && err == 0)
+    note_flushed (r, mark);
+  return err;
 }
 
 /* ---- the loop thread: finishing ---- */
@@ -824,7 +884,7 @@ issue (struct remote *r, struct rconn *c, struct rcmd *cmd)
   cmd->err = 0;
   cmd->died = false;
   cmd->retry_at_ns = 0;
-  cmd->flush_mark = r->mutations;
+  cmd->flush_mark = __atomic_load_n (&r->mutations, __ATOMIC_SEQ_CST);
   cmd->nr_ext = 0;
   cmd->ext_covered = 0;
   cmd->cprev = NULL;
@@ -868,23 +928,12 @@ issue (struct remote *r, struct rconn *c, struct rcmd *cmd)
     cmd_finished (r, cmd);
 }
 
-/* Nothing was answered since a FLUSH that succeeded was issued: a
- * FLUSH now has nothing to cover (a striped or concatenated export
- * flushes every server at each FLUSH, most of them often clean).
- */
-static bool
-flush_is_clean (const struct remote *r, const struct rcmd *cmd)
-{
-  return cmd->kind == RC_FLUSH && r->flushed_mark != FLUSHED_NEVER &&
-    r->mutations == r->flushed_mark;
-}
-
 static void
 dispatch (struct remote *r, struct rcmd *cmd)
 {
   struct rconn *c;
 
-  if (flush_is_clean (r, cmd)) {
+  if (cmd->kind == RC_FLUSH && flush_is_clean (r)) {
     cmd->err = 0;
     cmd->died = false;
     done_push (r, cmd);
@@ -934,7 +983,7 @@ finish_done (struct remote *r)
        */
       if (err == 0 && cmd->died)
         err = EAGAIN;
-      r->mutations++;
+      note_mutation (r, cmd, err);
       batch_add (r, cmd->run, err);
       cmd_free (cmd);
     }
@@ -947,10 +996,8 @@ finish_done (struct remote *r)
       if (cmd->err)
         nbdkit_error ("file=%s: %s: %s", r->uri, kind_name (cmd->kind),
                       strerror (cmd->err));
-      else if (cmd->kind == RC_FLUSH &&
-               (r->flushed_mark == FLUSHED_NEVER ||
-                cmd->flush_mark > r->flushed_mark))
-        r->flushed_mark = cmd->flush_mark;
+      else if (cmd->kind == RC_FLUSH)
+        note_flushed (r, cmd->flush_mark);
       sync_done (cmd, cmd->err);
     }
   }
@@ -1489,6 +1536,11 @@ remote_submit (struct remote *r, struct eng_run *er, int *err)
     if ((op->flags & ENG_F_FUA) && r->info.can_fua)
       flags |= LIBNBD_CMD_FLAG_FUA;
   }
+  /* The FLUSH that made it would flush the server after it: FUA on the
+   * run itself saves that round trip (see struct eng_run).
+   */
+  if (er->flush_fua && r->info.can_fua)
+    flags |= LIBNBD_CMD_FLAG_FUA;
   switch (run->op) {
   case PLUG_OP_WRITE:
     break;
@@ -1613,8 +1665,12 @@ remote_start_flush (struct remote *r, struct remote_wait *w)
 {
   struct rcmd *cmd;
 
-  /* A server without flush has no volatile cache to flush. */
-  if (!r->info.can_flush || r->info.readonly)
+  /* A server without flush has no volatile cache to flush; one that
+   * answered nothing since its last FLUSH, or only FUA writes, has
+   * nothing in it to cover: no trip through the loop.  A run this FLUSH
+   * covers was counted before the engine answered the FLUSH.
+   */
+  if (!r->info.can_flush || r->info.readonly || flush_is_clean (r))
     return;
   cmd = cmd_new (RC_FLUSH);
   if (cmd == NULL) {

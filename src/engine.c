@@ -746,6 +746,16 @@ unplug_overlapping (struct engine *e, const struct plug_req *p,
 
 /* ---- plugging ---- */
 
+/* Is runs[i] the only run of its file?  (Runs are sorted by file.) */
+static bool
+alone_in_file (const plug_run_vector *runs, size_t i)
+{
+  uint32_t b = runs->ptr[i]->backing;
+
+  return (i == 0 || runs->ptr[i-1]->backing != b) &&
+    (i + 1 == runs->len || runs->ptr[i+1]->backing != b);
+}
+
 /* blk_flush_plug: detach everything c holds, sort, merge, queue the
  * runs in their files' queues (one batch), dispatch.
  */
@@ -789,6 +799,7 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
     r->min_seq = UINT64_MAX;
     for (k = 0; k < pr->n; ++k)
       r->min_seq = MIN (r->min_seq, pr->reqs[k]->seq);
+    r->flush_fua = reason == PLUG_UNPLUG_FLUSH && alone_in_file (&runs, i);
     queue_append (e, r);
   }
   for (i = 0; i < runs.len; ++i)

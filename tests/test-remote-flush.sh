@@ -74,6 +74,67 @@ EOF2
 /usr/bin/python3 "$tmp/client.py" "${srv_uri[plug]}" "$tmp/A.txt" "$tmp/B.txt"
 srv_stop plug
 
+# A FLUSH that unplugs one run of a server with FUA sends it with FUA
+# and no NBD FLUSH after it (nothing else is left to cover); two runs,
+# a server without FUA, or a run answered earlier without FUA still get
+# the FLUSH.  idle=10s direct=never: data stays held until the FLUSH.
+srv_start plug2 unix "$PLUGIN" "file=${srv_uri[A]}" "file=${srv_uri[B]}" \
+          idle=10s direct=never
+cat > "$tmp/client2.py" <<'EOF2'
+import re, sys
+import nbd
+
+uri, alog, blog = sys.argv[1:4]
+M = 1 << 20
+
+def count(log, pattern):
+    return sum(1 for line in open(log) if re.search(pattern, line))
+
+def state():
+    return (count(alog, r" Flush id=\d+ \.\.\.$"),
+            count(blog, r" Flush id=\d+ \.\.\.$"),
+            count(alog, r" Write id=\d+ .* fua=1 "),
+            count(blog, r" Write id=\d+ .* fua=1 "))
+
+base = None
+def expect(step, want):
+    got = tuple(g - b for g, b in zip(state(), base))
+    print("%-40s A/B flushes %d %d, A/B FUA writes %d %d (expected %r)"
+          % ((step,) + got + (want,)))
+    if got != want:
+        sys.exit("FAIL: %s: got %r, expected %r" % (step, got, want))
+
+h = nbd.NBD()
+h.connect_uri(uri)
+base = state()
+h.flush()
+expect("first FLUSH", (1, 1, 0, 0))
+h.pwrite(b"c" * 4096, 16384)
+h.pwrite(b"c" * 4096, 20480)
+h.flush()
+expect("one run on A, FLUSH", (1, 1, 1, 0))
+h.pwrite(b"d" * 4096, 65536)
+h.pwrite(b"d" * 4096, 262144)
+h.flush()
+expect("two runs on A, FLUSH", (2, 1, 1, 0))
+h.pwrite(b"e" * 4096, M + 16384)
+h.flush()
+expect("one run on B (no FUA), FLUSH", (2, 2, 1, 0))
+h.pwrite(b"f" * 4096, 131072)
+h.flush()
+expect("one run on A, FLUSH, again", (2, 2, 2, 0))
+# The second write overlaps the held first: that unplugs it, a plain
+# run answered before the FLUSH; the FLUSH's own run gets FUA and the
+# server still gets the FLUSH for the first.
+h.pwrite(b"g" * 4096, 196608)
+h.pwrite(b"h" * 4096, 196608)
+h.flush()
+expect("overlap unplug, then FLUSH", (3, 2, 3, 0))
+h.shutdown()
+EOF2
+/usr/bin/python3 "$tmp/client2.py" "${srv_uri[plug2]}" "$tmp/A.txt" "$tmp/B.txt"
+srv_stop plug2
+
 /usr/bin/python3 - "${srv_uri[A]}" "${srv_uri[B]}" <<'EOF2'
 import sys
 import nbd
@@ -82,6 +143,12 @@ a.connect_uri(sys.argv[1])
 b.connect_uri(sys.argv[2])
 assert a.pread(4096, 8192) == b"a" * 4096, "A lost the write"
 assert b.pread(4096, 4096) == b"b" * 4096, "B lost the FUA write"
+assert a.pread(8192, 16384) == b"c" * 8192, "A lost the FLUSH's FUA run"
+assert a.pread(4096, 65536) == b"d" * 4096, "A lost a run"
+assert a.pread(4096, 262144) == b"d" * 4096, "A lost a run"
+assert a.pread(4096, 131072) == b"f" * 4096, "A lost the last FUA run"
+assert b.pread(4096, 16384) == b"e" * 4096, "B lost its run"
+assert a.pread(4096, 196608) == b"h" * 4096, "A lost the newer overlap"
 print("data on both servers")
 EOF2
 srv_stop A

@@ -228,6 +228,49 @@ test_flush_horizon (void)
   free_all ();
 }
 
+/* A FLUSH's unplug marks the only run of a file (flush_fua: the issuer
+ * may write it with FUA instead of syncing after it); a file with two
+ * runs, and runs of any other unplug, stay plain.
+ */
+static void
+test_flush_fua (void)
+{
+  struct eng_conn *c;
+  struct req *f;
+  bool fua[3] = { false, false, false };
+  unsigned runs[3] = { 0, 0, 0 };
+  size_t i;
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 3);
+  c = conn ();
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  submit (c, mkreq (ENG_WRITE, 0, 4096, 4096, 0));     /* Merges. */
+  submit (c, mkreq (ENG_WRITE, 1, 0, 4096, 0));
+  submit (c, mkreq (ENG_WRITE, 1, 1 << 20, 4096, 0));   /* Its own run. */
+  submit (c, mkreq (ENG_ZERO, 2, 8192, 4096, 0));
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  for (i = 0; i < nr_inflight; ++i) {
+    uint32_t b = inflight[i]->run->backing;
+
+    runs[b]++;
+    fua[b] |= inflight[i]->flush_fua;
+  }
+  ok (runs[0] == 1 && runs[1] == 2 && runs[2] == 1,
+      "the FLUSH unplugs 1, 2 and 1 runs of the three files");
+  ok (fua[0] && fua[2], "a file's only run in the FLUSH's batch is marked");
+  ok (!fua[1], "a file with two runs in it is not");
+  complete_all (0);
+  ok (f->res.answered && f->res.err == 0, "the FLUSH is answered");
+  submit (c, mkreq (ENG_WRITE, 0, 65536, 4096, 0));
+  tick (10001 * MS);
+  ok (nr_inflight == 1 && !inflight[0]->flush_fua,
+      "the run of an idle unplug is not marked");
+  complete_all (0);
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
 static void
 test_order_across_connections (void)
 {
@@ -694,6 +737,7 @@ int
 main (void)
 {
   test_flush_horizon ();
+  test_flush_fua ();
   test_order_across_connections ();
   test_close_slot_contention ();
   test_close_stuck_backend ();
