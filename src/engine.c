@@ -1184,11 +1184,42 @@ flush_ready (const struct engine *e, const struct eng_op *op)
   return e->unf_head == NULL || e->unf_head->seq > op->horizon;
 }
 
+/* The FLUSH's unplugs made one batch per connection, each marking the
+ * only run of a file in it (conn_unplug).  A file that got runs from
+ * several batches has several writes before its sync: none of them is
+ * the FLUSH's only run, so one NBD FLUSH after plain writes serves it,
+ * not one FUA write per connection (on a server whose FUA is a sync of
+ * its own, that would be one sync per connection).  The runs are still
+ * queued or about to be issued (out): nothing has read the mark yet.
+ * A FLUSH's runs are the newest of their queues, batches from
+ * first_batch on.
+ */
+static void
+flush_fua_across_conns (struct engine *e, uint64_t first_batch)
+{
+  uint32_t b;
+
+  for (b = 0; b < e->cfg.nr_backings; ++b) {
+    struct eng_run *r, *last = e->files[b].tail;
+
+    if (last == NULL || last->batch < first_batch)
+      continue;
+    for (r = last->qprev; r != NULL && r->batch >= first_batch; r = r->qprev)
+      if (r->batch != last->batch)
+        break;
+    if (r == NULL || r->batch < first_batch)
+      continue;                 /* One batch only: conn_unplug decided. */
+    for (r = last; r != NULL && r->batch >= first_batch; r = r->qprev)
+      r->flush_fua = false;
+  }
+}
+
 static void
 submit_flush (struct engine *e, struct eng_conn *c, struct eng_op *op,
               uint64_t now, struct eng_actions *out)
 {
   struct eng_conn *o;
+  uint64_t first_batch = e->next_batch;
 
   op->horizon = e->next_seq - 1;
   op->reply_pending = true;
@@ -1207,6 +1238,7 @@ submit_flush (struct engine *e, struct eng_conn *c, struct eng_op *op,
    */
   for (o = e->conns; o != NULL; o = o->next)
     conn_unplug (e, o, PLUG_UNPLUG_FLUSH, now, out);
+  flush_fua_across_conns (e, first_batch);
   dispatch_all (e, now, true, out);
   op->state = OP_WAITING;
   list_append (&e->flush_wait, op);

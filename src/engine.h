@@ -193,8 +193,9 @@ struct eng_run {
   uint64_t first_fail_ns;       /* First "not now", 0 if none. */
   uint64_t issued_ns;           /* Last issued (hold mode's pacing). */
   struct eng_run *qprev, *qnext;        /* Its file's queue. */
-  /* Set by the engine, read by the issuer: made by a FLUSH's unplug,
-   * the only run of its file in that batch.  The FLUSH syncs the file
+  /* Set by the engine, read by the issuer: made by a FLUSH's unplugs,
+   * the only run of its file among them (over every connection's plug,
+   * since the FLUSH unplugs them all).  The FLUSH syncs the file
    * once it is written, so a backend with FUA may write it durably
    * instead, and skip a sync that then has nothing left to cover (the
    * kernel's blk-flush drops the post-flush of a FUA-capable device and

@@ -77,7 +77,8 @@ srv_stop plug
 # A FLUSH that unplugs one run of a server with FUA sends it with FUA
 # and no NBD FLUSH after it (nothing else is left to cover); two runs,
 # a server without FUA, or a run answered earlier without FUA still get
-# the FLUSH.  idle=10s direct=never: data stays held until the FLUSH.
+# the FLUSH, and so do runs for one server from two connections' plugs.
+# idle=10s direct=never: data stays held until the FLUSH.
 srv_start plug2 unix "$PLUGIN" "file=${srv_uri[A]}" "file=${srv_uri[B]}" \
           idle=10s direct=never
 cat > "$tmp/client2.py" <<'EOF2'
@@ -130,6 +131,19 @@ h.pwrite(b"g" * 4096, 196608)
 h.pwrite(b"h" * 4096, 196608)
 h.flush()
 expect("overlap unplug, then FLUSH", (3, 2, 3, 0))
+# A FLUSH unplugs every connection's plug: runs for A from two plugs
+# are two plain writes and one FLUSH, not one FUA write each; a run
+# that only the other connection held is the FLUSH's only one.
+h2 = nbd.NBD()
+h2.connect_uri(uri)
+h.pwrite(b"i" * 4096, 327680)
+h2.pwrite(b"j" * 4096, 393216)
+h.flush()
+expect("runs on A from two connections, FLUSH", (4, 2, 3, 0))
+h2.pwrite(b"k" * 4096, 458752)
+h.flush()
+expect("the other connection's one run on A, FLUSH", (4, 2, 4, 0))
+h2.shutdown()
 h.shutdown()
 EOF2
 /usr/bin/python3 "$tmp/client2.py" "${srv_uri[plug2]}" "$tmp/A.txt" "$tmp/B.txt"
@@ -149,6 +163,9 @@ assert a.pread(4096, 262144) == b"d" * 4096, "A lost a run"
 assert a.pread(4096, 131072) == b"f" * 4096, "A lost the last FUA run"
 assert b.pread(4096, 16384) == b"e" * 4096, "B lost its run"
 assert a.pread(4096, 196608) == b"h" * 4096, "A lost the newer overlap"
+assert a.pread(4096, 327680) == b"i" * 4096, "A lost a two-connection run"
+assert a.pread(4096, 393216) == b"j" * 4096, "A lost a two-connection run"
+assert a.pread(4096, 458752) == b"k" * 4096, "A lost the other connection's run"
 print("data on both servers")
 EOF2
 srv_stop A

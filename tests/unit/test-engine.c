@@ -271,6 +271,44 @@ test_flush_fua (void)
   free_all ();
 }
 
+/* A FLUSH unplugs every connection's plug: a file's runs from two
+ * plugs are two writes before one sync, so neither is marked; a file
+ * that only one plug wrote keeps the mark.
+ */
+static void
+test_flush_fua_two_conns (void)
+{
+  struct eng_conn *a, *b;
+  struct req *f;
+  bool fua[2] = { false, false };
+  unsigned runs[2] = { 0, 0 };
+  size_t i;
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 2);
+  a = conn ();
+  b = conn ();
+  submit (a, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  submit (b, mkreq (ENG_WRITE, 0, 1 << 20, 4096, 0));
+  submit (b, mkreq (ENG_WRITE, 1, 0, 4096, 0));
+  f = submit (a, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  for (i = 0; i < nr_inflight; ++i) {
+    uint32_t k = inflight[i]->run->backing;
+
+    runs[k]++;
+    fua[k] |= inflight[i]->flush_fua;
+  }
+  ok (runs[0] == 2 && runs[1] == 1,
+      "the FLUSH unplugs both plugs: 2 runs of file 0 (one each), 1 of file 1");
+  ok (!fua[0], "file 0's runs from two plugs are not marked");
+  ok (fua[1], "file 1's only run is marked");
+  complete_all (0);
+  ok (f->res.answered && f->res.err == 0, "the FLUSH is answered");
+  close_conn (a, 0);
+  close_conn (b, 0);
+  engine_free (e);
+  free_all ();
+}
+
 static void
 test_order_across_connections (void)
 {
@@ -738,6 +776,7 @@ main (void)
 {
   test_flush_horizon ();
   test_flush_fua ();
+  test_flush_fua_two_conns ();
   test_order_across_connections ();
   test_close_slot_contention ();
   test_close_stuck_backend ();
