@@ -746,16 +746,6 @@ unplug_overlapping (struct engine *e, const struct plug_req *p,
 
 /* ---- plugging ---- */
 
-/* Is runs[i] the only run of its file?  (Runs are sorted by file.) */
-static bool
-alone_in_file (const plug_run_vector *runs, size_t i)
-{
-  uint32_t b = runs->ptr[i]->backing;
-
-  return (i == 0 || runs->ptr[i-1]->backing != b) &&
-    (i + 1 == runs->len || runs->ptr[i+1]->backing != b);
-}
-
 /* blk_flush_plug: detach everything c holds, sort, merge, queue the
  * runs in their files' queues (one batch), dispatch.
  */
@@ -799,7 +789,7 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
     r->min_seq = UINT64_MAX;
     for (k = 0; k < pr->n; ++k)
       r->min_seq = MIN (r->min_seq, pr->reqs[k]->seq);
-    r->flush_fua = reason == PLUG_UNPLUG_FLUSH && alone_in_file (&runs, i);
+    r->flush_fua = false;         /* mark_flush_fua decides. */
     queue_append (e, r);
   }
   for (i = 0; i < runs.len; ++i)
@@ -1184,33 +1174,25 @@ flush_ready (const struct engine *e, const struct eng_op *op)
   return e->unf_head == NULL || e->unf_head->seq > op->horizon;
 }
 
-/* The FLUSH's unplugs made one batch per connection, each marking the
- * only run of a file in it (conn_unplug).  A file that got runs from
- * several batches has several writes before its sync: none of them is
- * the FLUSH's only run, so one NBD FLUSH after plain writes serves it,
- * not one FUA write per connection (on a server whose FUA is a sync of
- * its own, that would be one sync per connection).  The runs are still
- * queued or about to be issued (out): nothing has read the mark yet.
- * A FLUSH's runs are the newest of their queues, batches from
- * first_batch on.
+/* blk-flush's FUA shortcut: a file to which the FLUSH's unplugs (one
+ * batch per connection, numbered from first_batch on, the newest runs
+ * of its queue) made exactly one run may get that run written with FUA
+ * instead of a sync after it.  Two or more runs, from one plug or
+ * several, stay plain: one sync covers them all, where FUA could cost
+ * the server one sync each.  The runs are queued or about to be issued
+ * (out): nothing has read the mark yet.
  */
 static void
-flush_fua_across_conns (struct engine *e, uint64_t first_batch)
+mark_flush_fua (struct engine *e, uint64_t first_batch)
 {
   uint32_t b;
 
   for (b = 0; b < e->cfg.nr_backings; ++b) {
-    struct eng_run *r, *last = e->files[b].tail;
+    struct eng_run *last = e->files[b].tail;
 
-    if (last == NULL || last->batch < first_batch)
-      continue;
-    for (r = last->qprev; r != NULL && r->batch >= first_batch; r = r->qprev)
-      if (r->batch != last->batch)
-        break;
-    if (r == NULL || r->batch < first_batch)
-      continue;                 /* One batch only: conn_unplug decided. */
-    for (r = last; r != NULL && r->batch >= first_batch; r = r->qprev)
-      r->flush_fua = false;
+    if (last != NULL && last->batch >= first_batch &&
+        (last->qprev == NULL || last->qprev->batch < first_batch))
+      last->flush_fua = true;
   }
 }
 
@@ -1238,7 +1220,7 @@ submit_flush (struct engine *e, struct eng_conn *c, struct eng_op *op,
    */
   for (o = e->conns; o != NULL; o = o->next)
     conn_unplug (e, o, PLUG_UNPLUG_FLUSH, now, out);
-  flush_fua_across_conns (e, first_batch);
+  mark_flush_fua (e, first_batch);
   dispatch_all (e, now, true, out);
   op->state = OP_WAITING;
   list_append (&e->flush_wait, op);
