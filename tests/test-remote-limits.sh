@@ -145,7 +145,8 @@ EOF2
 truncate -s 6000 "$tmp/odd.img"
 srv_start A2 unix --filter=blocksize-policy memory 1M blocksize-minimum=4096
 rc=0
-nbdkit -U - "$PLUGIN" "file=$tmp/odd.img" "file=${srv_uri[A2]}" --run true \
+nbdkit -U "$tmp/refused.sock" "$PLUGIN" "file=$tmp/odd.img" \
+       "file=${srv_uri[A2]}" --run true \
        2> "$tmp/odd.err" || rc=$?
 cat "$tmp/odd.err"
 [ $rc -ne 0 ]

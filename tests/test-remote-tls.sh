@@ -49,7 +49,8 @@ h.shutdown()
 EOF2
 
 rc=0
-nbdkit -U - "$PLUGIN" "file=${srv_uri[tls]}" --run true 2> "$tmp/plain.err" ||
+nbdkit -U "$tmp/refused.sock" "$PLUGIN" "file=${srv_uri[tls]}" --run true \
+       2> "$tmp/plain.err" ||
   rc=$?
 cat "$tmp/plain.err"
 [ $rc -ne 0 ]

@@ -15,7 +15,8 @@ plug_tmpdir
 for uri in "nbd+unix:///?socket=$tmp/nothing.sock" \
            "nbd://127.0.0.1:$(free_port)/"; do
   rc=0
-  nbdkit -U - "$PLUGIN" "file=$uri" --run true 2> "$tmp/start.err" || rc=$?
+  nbdkit -U "$tmp/refused.sock" "$PLUGIN" "file=$uri" --run true \
+         2> "$tmp/start.err" || rc=$?
   cat "$tmp/start.err"
   [ $rc -ne 0 ]
   grep -q "file=$uri: cannot connect to the NBD server: .*connect" \
