@@ -11,6 +11,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -171,6 +172,22 @@ complete_all (int err)
 {
   while (nr_inflight > 0)
     complete (0, err);
+}
+
+/* Complete the in-flight run of file b at offset off with err. */
+static void
+complete_at (uint32_t b, uint64_t off, int err)
+{
+  size_t i;
+
+  for (i = 0; i < nr_inflight; ++i)
+    if (inflight[i]->run->backing == b && inflight[i]->run->offset == off) {
+      complete (i, err);
+      return;
+    }
+  printf ("Bail out! no run of file %" PRIu32 " at %" PRIu64 " in flight\n",
+          b, off);
+  exit (1);
 }
 
 static void
@@ -771,12 +788,81 @@ test_hold_alternating (void)
   free_all ();
 }
 
+/* SEQUENCE with two runs in flight: a FLUSH waits until the write at
+ * its horizon has finished, not only until it was issued, whichever of
+ * the two finishes first.
+ */
+static void
+test_flush_waits_for_horizon_write (void)
+{
+  struct eng_conn *c;
+  struct req *f;
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  c = conn ();
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  submit (c, mkreq (ENG_WRITE, 0, 1 << 20, 4096, 0));
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (nr_inflight == 2 && !f->res.answered,
+      "FLUSH: both writes issued as two runs, the FLUSH waits");
+  complete_at (0, 0, 0);
+  ok (!f->res.answered,
+      "the older finished: the FLUSH waits for the one at its horizon");
+  complete_at (0, 1 << 20, 0);
+  ok (f->res.answered && f->res.err == 0, "answered once both finished");
+
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  submit (c, mkreq (ENG_WRITE, 0, 1 << 20, 4096, 0));
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (nr_inflight == 2 && !f->res.answered, "again, two runs in flight");
+  complete_at (0, 1 << 20, 0);
+  ok (!f->res.answered,
+      "the newer finished first: the FLUSH waits for the older");
+  complete_at (0, 0, 0);
+  ok (f->res.answered && f->res.err == 0, "answered once both finished");
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
+/* A FUA write in writeback mode is not acknowledged at submit: it is
+ * answered once its own run finished, not before, and not when another
+ * FUA write's run finished.
+ */
+static void
+test_fua_write_answered_when_written (void)
+{
+  struct eng_conn *c;
+  struct req *w[2];
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  c = conn ();
+  w[0] = submit (c, mkreq (ENG_WRITE, 0, 0, 4096, ENG_F_FUA));
+  w[1] = submit (c, mkreq (ENG_WRITE, 0, 1 << 20, 4096, ENG_F_FUA));
+  ok (!w[0]->op.acked && !w[1]->op.acked &&
+      !w[0]->res.answered && !w[1]->res.answered,
+      "FUA writes are not acknowledged at submit");
+  ok (nr_inflight == 2, "each goes out at once as a run of its own");
+  complete_at (0, 1 << 20, 0);
+  ok (w[1]->res.answered && w[1]->res.err == 0 && !w[0]->res.answered,
+      "the second is answered when its run finished, the first still "
+      "waits");
+  complete_at (0, 0, EIO);
+  ok (w[0]->res.answered && w[0]->res.err == EIO,
+      "the first gets its run's error");
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
 int
 main (void)
 {
   test_flush_horizon ();
   test_flush_fua ();
   test_flush_fua_two_conns ();
+  test_flush_waits_for_horizon_write ();
+  test_fua_write_answered_when_written ();
   test_order_across_connections ();
   test_close_slot_contention ();
   test_close_stuck_backend ();
