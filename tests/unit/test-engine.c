@@ -855,6 +855,66 @@ test_fua_write_answered_when_written (void)
   free_all ();
 }
 
+/* ERRORS BELONG TO RUNS, multi-conn: an acknowledged write of A that
+ * fails for good is reported by the next FLUSH of A and also by the
+ * next FLUSH of B (B may rely on a FLUSH covering A's write), once each.
+ */
+static void
+test_deferred_every_connection (void)
+{
+  struct eng_conn *a, *b;
+  struct req *f;
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  a = conn ();
+  b = conn ();
+  submit (a, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  f = submit (a, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (EIO);
+  ok (f->res.answered && f->res.err == EIO, "A's FLUSH reports the loss");
+  f = submit (b, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (f->res.answered && f->res.err == EIO,
+      "B's next FLUSH reports it too");
+  f = submit (b, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (f->res.answered && f->res.err == 0, "... once");
+  f = submit (a, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (f->res.answered && f->res.err == 0, "and A's once");
+  close_conn (a, 0);
+  close_conn (b, 0);
+  engine_free (e);
+  free_all ();
+}
+
+/* A connection opened after a write failed for good, before any FLUSH
+ * reported it, keeps its own record of it: another connection's FLUSH
+ * reporting it first does not take it from the new one.
+ */
+static void
+test_deferred_new_connection_keeps_own (void)
+{
+  struct eng_conn *a, *c;
+  struct req *f;
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  a = conn ();
+  submit (a, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  tick (10001 * MS);                    /* idle= unplugs it. */
+  ok (nr_inflight == 1, "the write goes out on idle=");
+  complete_all (EIO);
+  c = conn ();
+  f = submit (a, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (f->res.answered && f->res.err == EIO, "A's FLUSH reports the loss");
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (f->res.answered && f->res.err == EIO,
+      "the connection opened after the loss reports it too");
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (f->res.answered && f->res.err == 0, "... once");
+  close_conn (a, 0);
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
 int
 main (void)
 {
@@ -869,6 +929,8 @@ main (void)
   test_eagain_at_close ();
   test_failing_neighbour ();
   test_deferred_to_new_connection ();
+  test_deferred_every_connection ();
+  test_deferred_new_connection_keeps_own ();
   test_memory_bound_every_run_fails ();
   test_fast_zero ();
   test_hold_and_timers ();
