@@ -915,6 +915,60 @@ test_deferred_new_connection_keeps_own (void)
   free_all ();
 }
 
+/* A write over two files (the pieces of a concatenated layout): one
+ * piece failing for good loses the write, whichever piece finishes
+ * last, and the first failure is the one reported.
+ */
+static void
+test_write_across_files_one_piece_fails (void)
+{
+  static const struct {
+    uint32_t first;                     /* File whose run finishes first. */
+    int err[2];                         /* Result of file 0's, file 1's. */
+    int want;
+  } cases[] = {
+    { 0, { EIO, 0 }, EIO },             /* Failure, then success. */
+    { 1, { EIO, 0 }, EIO },             /* Success, then failure. */
+    { 0, { EIO, ENOSPC }, EIO },        /* Two failures: the first. */
+  };
+  size_t i;
+
+  for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+    struct eng_conn *c;
+    struct eng_counts n;
+    struct req *q, *f;
+    uint32_t first = cases[i].first;
+
+    e = make (ENG_WRITEBACK, 64, 4 << 20, 2);
+    memset (&stats, 0, sizeof stats);
+    c = conn ();
+    q = mkreq (ENG_WRITE, 0, 65536, 4096, 0);
+    q->op.count = q->op.bytes = 8192;
+    q->op.nr_pieces = 2;
+    q->piece[1] = q->piece[0];
+    q->piece[1].backing = 1;
+    q->piece[1].offset = 0;
+    q = submit (c, q);
+    f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+    ok (q->op.acked && nr_inflight == 2,
+        "case %zu: acknowledged, one run per file in flight", i);
+    complete_at (first, first == 0 ? 65536 : 0, cases[i].err[first]);
+    ok (!f->res.answered, "case %zu: the FLUSH waits for the other piece",
+        i);
+    complete_at (1 - first, first == 0 ? 0 : 65536, cases[i].err[1 - first]);
+    engine_counts (e, &n);
+    ok (f->res.answered && f->res.err == cases[i].want && n.lost == 1 &&
+        stats.lost == 1 && n.bytes == 0,
+        "case %zu: the write is lost (%llu) and the FLUSH reports %s",
+        i, (unsigned long long) n.lost, strerror (cases[i].want));
+    f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+    ok (f->res.answered && f->res.err == 0, "case %zu: once", i);
+    close_conn (c, 0);
+    engine_free (e);
+    free_all ();
+  }
+}
+
 int
 main (void)
 {
@@ -931,6 +985,7 @@ main (void)
   test_deferred_to_new_connection ();
   test_deferred_every_connection ();
   test_deferred_new_connection_keeps_own ();
+  test_write_across_files_one_piece_fails ();
   test_memory_bound_every_run_fails ();
   test_fast_zero ();
   test_hold_and_timers ();
