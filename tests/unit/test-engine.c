@@ -969,6 +969,71 @@ test_write_across_files_one_piece_fails (void)
   }
 }
 
+/* A writer that waited for memory is answered "written" when it is let
+ * in, before its data is written: its failure after that is a loss that
+ * the next FLUSH reports, and it counts toward, then leaves, the
+ * connection's acknowledged-but-unfinished requests.
+ */
+static void
+test_admitted_waiter_fails (void)
+{
+  struct eng_conn *c;
+  struct eng_counts n;
+  struct req *big, *w, *f;
+
+  e = make (ENG_WRITEBACK, 64, 16384, 1);
+  c = conn ();
+  big = submit (c, mkreq (ENG_WRITE, 0, 0, 16384, 0));
+  w = submit (c, mkreq (ENG_WRITE, 0, 1 << 20, 4096, 0));
+  ok (big->op.acked && nr_inflight == 1,
+      "a write of max-bytes is acknowledged and goes out");
+  ok (!w->op.acked && !w->res.answered, "the next one waits for memory");
+  complete_all (0);
+  ok (w->res.answered && w->res.err == 0 && !w->res.released &&
+      nr_inflight == 0,
+      "let in when the memory came back: answered, held");
+  tick (10001 * MS);
+  ok (nr_inflight == 1, "it goes out on idle=");
+  complete_all (EIO);
+  engine_counts (e, &n);
+  ok (w->res.released && n.lost == 1 && n.bytes == 0,
+      "it failed for good after its answer: a loss");
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (f->res.answered && f->res.err == EIO, "the next FLUSH reports it");
+  w = submit (c, mkreq (ENG_WRITE, 0, 2 << 20, 4096, 0));
+  ok (w->op.acked, "a new write is acknowledged at once");
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
+/* Zeros carry no data, so max-bytes does not bound them: the count of
+ * acknowledged unfinished requests does, and the rest wait for memory.
+ */
+static void
+test_acked_count_bound (void)
+{
+  struct eng_conn *c;
+  unsigned i, acked = 0, waiting = 0;
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  c = conn ();
+  for (i = 0; i < 2000; ++i) {
+    struct req *q = submit (c, mkreq (ENG_ZERO, 0, i * 2, 1, 0));
+
+    if (q->op.acked)
+      acked++;
+    else if (!q->res.answered)
+      waiting++;
+  }
+  ok (acked <= 4 * 256 && acked + waiting == 2000,
+      "a backend that completes nothing: %u acknowledged (at most 4 per "
+      "max-requests), %u wait", acked, waiting);
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
 int
 main (void)
 {
@@ -986,6 +1051,8 @@ main (void)
   test_deferred_every_connection ();
   test_deferred_new_connection_keeps_own ();
   test_write_across_files_one_piece_fails ();
+  test_admitted_waiter_fails ();
+  test_acked_count_bound ();
   test_memory_bound_every_run_fails ();
   test_fast_zero ();
   test_hold_and_timers ();
