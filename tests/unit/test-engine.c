@@ -1007,6 +1007,43 @@ test_admitted_waiter_fails (void)
   free_all ();
 }
 
+/* A close whose deadline passes gives up the connection's queued runs
+ * only: its run in flight stays in flight, its completion is taken as
+ * usual, and the close is answered after it.
+ */
+static void
+test_close_deadline_spares_inflight (void)
+{
+  struct eng_conn *c;
+  struct eng_counts n;
+  struct req *w[2], *cl;
+
+  e = make (ENG_WRITEBACK, 1, 4 << 20, 1);
+  memset (&stats, 0, sizeof stats);
+  c = conn ();
+  w[0] = submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  w[1] = submit (c, mkreq (ENG_WRITE, 0, 1 << 20, 4096, 0));
+  cl = submit (c, mkreq (ENG_CLOSE, 0, 0, 0, 0));
+  ok (nr_inflight == 1 && inflight[0]->run->offset == 0,
+      "the close unplugs two runs: the first takes the only slot");
+  tick (1100 * MS);                     /* No completion for retry-timeout. */
+  engine_counts (e, &n);
+  ok (w[1]->res.released && n.lost == 1 && stats.gave_up == 1,
+      "past retry-timeout the queued run is given up");
+  if (!ok (!cl->res.answered && !w[0]->res.released && n.inflight == 1 &&
+           n.unfinished == 1,
+           "the run in flight stays in flight, the close waits for it"))
+    return;                             /* The run may be gone: stop. */
+  complete (0, 0);
+  engine_counts (e, &n);
+  ok (cl->res.answered && cl->res.err == 0 && w[0]->res.released &&
+      n.lost == 1 && n.inflight == 0 && n.bytes == 0,
+      "its completion is taken: written, and the close answered");
+  engine_conn_free (e, c);
+  engine_free (e);
+  free_all ();
+}
+
 /* Zeros carry no data, so max-bytes does not bound them: the count of
  * acknowledged unfinished requests does, and the rest wait for memory.
  */
@@ -1052,6 +1089,7 @@ main (void)
   test_deferred_new_connection_keeps_own ();
   test_write_across_files_one_piece_fails ();
   test_admitted_waiter_fails ();
+  test_close_deadline_spares_inflight ();
   test_acked_count_bound ();
   test_memory_bound_every_run_fails ();
   test_fast_zero ();
