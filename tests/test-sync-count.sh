@@ -2,24 +2,31 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Copyright the nbdplug authors (see LICENSE).
 
-# Durability that a test can catch: a FLUSH and a FUA write make the
-# plugin sync the backing file, after the data reached it, before the
-# reply.  Seen two ways, so that neither a sync that is only counted nor
-# a counter that is only bumped passes:
+# Durability that a test can catch: a FLUSH, a FUA write, a FUA zero and
+# a FUA trim make the plugin sync the backing file, after the data (the
+# zeroes, the hole) reached it, before the reply.  Seen two ways, so
+# that neither a sync that is only counted nor a counter that is only
+# bumped passes:
 #  - statsfile: backend.sync.ops grows with the connection that sent a
-#    FLUSH, and with the one that sent a FUA write (one connection per
-#    step; the statsfile is rewritten at each close);
+#    FLUSH, and with each one that sent a FUA write, zero or trim (one
+#    connection per step; the statsfile is rewritten at each close);
 #  - strace -ff -ttt -T -y: between the client sending the FLUSH (the FUA
-#    write) and getting its reply, the server entered fdatasync or fsync
-#    on the backing file's descriptor after the pwrite calls that put
-#    the data there had returned.  (Order through the one system clock
-#    strace and the client both read: no duration is asserted.)
+#    request) and getting its reply, the server entered fdatasync or
+#    fsync on the backing file's descriptor after the pwrite or
+#    fallocate calls that changed the range there had returned.  (Order
+#    through the one system clock strace and the client both read: no
+#    duration is asserted.)
 # Plain writes need no sync: their count is printed, not checked.
 # Both modes; writeback with idle=10s max-delay=60s direct=never, so
 # the data written before a FLUSH really waits in the plug for it.
 # Shown able to fail: with backing_sync() returning 0 instead of calling
 # fdatasync, "no fdatasync or fsync of the backing file"; with the
-# sync not counted in the statistics, "backend.sync.ops did not grow".
+# sync not counted in the statistics, "backend.sync.ops did not grow";
+# with submit_mutation (plugin/conn.c) noting the files to sync only
+# for a FUA write, not for a FUA zero or trim, "backend.sync.ops did not
+# grow with the FUA zero" (and "... FUA trim"), and "fua-zero: no
+# fdatasync or fsync of the backing file between the request and its
+# reply".
 source ./functions.sh
 set -e
 set -x
@@ -82,9 +89,27 @@ h.shutdown()
 s3 = stats_after(3)
 events["fua"] = {"start": t3, "end": t4, "off": 8 * K, "len": K}
 
-sync = [s["backend"]["sync"]["ops"] for s in (s1, s2, s3)]
-print("backend.sync.ops after each step: flush %d, plain %d, fua %d"
-      % tuple(sync))
+# 4. A FUA zero over the FUA write's data (it may punch a hole).
+h = session()
+t5 = time.time()
+h.zero(K, 8 * K, nbd.CMD_FLAG_FUA)
+t6 = time.time()
+h.shutdown()
+s4 = stats_after(4)
+events["fua-zero"] = {"start": t5, "end": t6, "off": 8 * K, "len": K}
+
+# 5. A FUA trim of the flushed write's data.
+h = session()
+t7 = time.time()
+h.trim(K, 0, nbd.CMD_FLAG_FUA)
+t8 = time.time()
+h.shutdown()
+s5 = stats_after(5)
+events["fua-trim"] = {"start": t7, "end": t8, "off": 0, "len": K}
+
+sync = [s["backend"]["sync"]["ops"] for s in (s1, s2, s3, s4, s5)]
+print("backend.sync.ops after each step: flush %d, plain %d, fua %d, "
+      "fua zero %d, fua trim %d" % tuple(sync))
 json.dump(events, open(out, "w"))
 bad = []
 if s1["client"]["flush"]["ops"] != 1:
@@ -95,6 +120,17 @@ if s3["client"]["fua"]["ops"] != 1:
     bad.append("client.fua.ops %d, expected 1" % s3["client"]["fua"]["ops"])
 if sync[2] - sync[1] < 1:
     bad.append("backend.sync.ops did not grow with the FUA write")
+for st, what, n in ((s4, "zero", 2), (s5, "trim", 3)):
+    if st["client"][what]["ops"] != 1:
+        bad.append("client.%s.ops %d, expected 1"
+                   % (what, st["client"][what]["ops"]))
+    if st["client"]["fua"]["ops"] != n:
+        bad.append("client.fua.ops %d after the FUA %s, expected %d"
+                   % (st["client"]["fua"]["ops"], what, n))
+if sync[3] - sync[2] < 1:
+    bad.append("backend.sync.ops did not grow with the FUA zero")
+if sync[4] - sync[3] < 1:
+    bad.append("backend.sync.ops did not grow with the FUA trim")
 print("plain writes: %d syncs counted (none needed)" % (sync[1] - sync[0]))
 if bad:
     sys.exit("; ".join(bad))
@@ -107,7 +143,7 @@ tdir, img, events = sys.argv[1], os.path.realpath(sys.argv[2]), sys.argv[3]
 ev = json.load(open(events))
 line_re = re.compile(r"^(\d+\.\d+) (\w+)\((\d+)<([^>]*)>(.*)\) = (-?\d+)"
                      r"(?: \w+ \([^)]*\))? <(\d+\.\d+)>$")
-writes, syncs = [], []
+writes, syncs, trims = [], [], []
 for f in glob.glob(os.path.join(tdir, "t.*")):
     for line in open(f):
         line = line.rstrip("\n")
@@ -131,9 +167,18 @@ for f in glob.glob(os.path.join(tdir, "t.*")):
             if not off.isdigit():
                 sys.exit("cannot parse the offset of %r" % line)
             writes.append((ts + dur, int(off), ret))
+        elif name == "fallocate" and ret == 0:
+            # fallocate(fd, MODE, OFF, LEN): zeroes or a hole
+            mode, off, n = rest.rsplit(", ", 2)
+            if not off.isdigit() or not n.isdigit():
+                sys.exit("cannot parse the range of %r" % line)
+            writes.append((ts + dur, int(off), int(n)))
+            if "PUNCH_HOLE" in mode:
+                trims.append(ts)
 writes.sort()
 syncs.sort()
-print("backing file %s: %d pwrite calls, %d syncs" % (img, len(writes), len(syncs)))
+print("backing file %s: %d pwrite and fallocate calls (%d punching), "
+      "%d syncs" % (img, len(writes), len(trims), len(syncs)))
 
 def covered_by(t, off, n):
     """Is [off, off+n) written by calls that returned before time t?"""
@@ -154,10 +199,17 @@ def covered_by(t, off, n):
     return not need
 
 bad = []
-for what in ("flush", "fua"):
+for what in ("flush", "fua", "fua-zero", "fua-trim"):
     e = ev[what]
     inside = [t for t in syncs if e["start"] <= t <= e["end"]]
     good = [t for t in inside if covered_by(t, e["off"], e["len"])]
+    # A trim is advisory: where the file cannot punch holes, it is
+    # answered without touching the file, and there is nothing for the
+    # sync to come after.
+    if (what == "fua-trim" and
+            not [t for t in trims if e["start"] <= t <= e["end"]]):
+        print("fua-trim: no hole punched (printed, not checked)")
+        good = inside
     print("%s: %d syncs of the backing file while it was answered, "
           "%d after its data was written" % (what, len(inside), len(good)))
     if not inside:
@@ -173,7 +225,7 @@ if bad:
     sys.exit("; ".join(bad))
 EOF
 
-calls=fdatasync,fsync,pwrite64,pwritev,pwritev2
+calls=fdatasync,fsync,pwrite64,pwritev,pwritev2,fallocate
 for mode in writeback hold; do
   params=()
   [ $mode = writeback ] && params=(idle=10s max-delay=60s direct=never)
