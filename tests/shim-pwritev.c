@@ -19,8 +19,17 @@
  * Everything else goes to the real function.  Each failure counts one
  * in SHIM_COUNT (a file of one decimal number, rewritten) if set.
  *
+ * SHIM_SHORT=N (decimal bytes, N > 0) turns the failures into short
+ * writes: a pwrite or pwritev call that would fail writes at most its
+ * first N bytes (to the real function) and returns what that wrote, as
+ * a signal or a nearly full filesystem may make the kernel do; each
+ * call so shortened (asked for more than N bytes) counts one in
+ * SHIM_COUNT.  fallocate is not touched in this mode.
+ *
  * Usage: LD_PRELOAD=.../shim-pwritev.so SHIM_PATH=disk.img
  *        SHIM_FAIL_LO=0 SHIM_FAIL_HI=1048576 SHIM_CONTROL=ctl nbdkit ...
+ *        LD_PRELOAD=.../shim-pwritev.so SHIM_PATH=disk.img
+ *        SHIM_SHORT=1000 nbdkit ...
  */
 
 #define _GNU_SOURCE
@@ -44,6 +53,7 @@ static bool have_target;
 static uint64_t fail_lo, fail_hi = UINT64_MAX;
 static const char *control, *count_file;
 static int fail_errno = ENOSPC;
+static uint64_t short_max;              /* SHIM_SHORT; 0: fail instead. */
 static pthread_mutex_t count_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long failures;
 
@@ -61,6 +71,8 @@ init (void)
     fail_hi = strtoull (s, NULL, 10);
   if ((s = getenv ("SHIM_ERRNO")) != NULL)
     fail_errno = atoi (s);
+  if ((s = getenv ("SHIM_SHORT")) != NULL)
+    short_max = strtoull (s, NULL, 10);
   control = getenv ("SHIM_CONTROL");
   count_file = getenv ("SHIM_COUNT");
 }
@@ -135,18 +147,58 @@ count_failure (void)
   pthread_mutex_unlock (&count_lock);
 }
 
-/* Must this call fail?  Sets errno if so. */
+/* Does the call touch the failing range of the target now? */
 static bool
-must_fail (int fd, uint64_t offset, uint64_t count)
+in_failing_range (int fd, uint64_t offset, uint64_t count)
 {
   pthread_once (&once, init);
   if (count == 0 || offset >= fail_hi || offset + count <= fail_lo)
     return false;
-  if (!is_target (fd) || !failing_now ())
+  return is_target (fd) && failing_now ();
+}
+
+/* Must this call fail?  Sets errno if so. */
+static bool
+must_fail (int fd, uint64_t offset, uint64_t count)
+{
+  if (!in_failing_range (fd, offset, count))
+    return false;
+  if (short_max > 0)
     return false;
   count_failure ();
   errno = fail_errno;
   return true;
+}
+
+/* SHIM_SHORT: how many bytes of a write of count bytes to let through
+ * (count itself if the write is left whole).
+ */
+static uint64_t
+short_count (int fd, uint64_t offset, uint64_t count)
+{
+  if (!in_failing_range (fd, offset, count) || short_max == 0 ||
+      count <= short_max)
+    return count;
+  count_failure ();
+  return short_max;
+}
+
+/* The first n bytes of iov[0..iovcnt) into out[]; returns the number
+ * of elements of out used.
+ */
+static int
+iov_prefix (const struct iovec *iov, int iovcnt, uint64_t n,
+            struct iovec *out)
+{
+  int i;
+
+  for (i = 0; i < iovcnt && n > 0; ++i) {
+    out[i] = iov[i];
+    if (out[i].iov_len > n)
+      out[i].iov_len = n;
+    n -= out[i].iov_len;
+  }
+  return i;
 }
 
 static uint64_t
@@ -165,6 +217,7 @@ pwrite (int fd, const void *buf, size_t count, off_t offset)
 {
   if (must_fail (fd, offset, count))
     return -1;
+  count = short_count (fd, offset, count);
   return ((ssize_t (*) (int, const void *, size_t, off_t))
           real ("pwrite")) (fd, buf, count, offset);
 }
@@ -174,6 +227,7 @@ pwrite64 (int fd, const void *buf, size_t count, off64_t offset)
 {
   if (must_fail (fd, offset, count))
     return -1;
+  count = short_count (fd, offset, count);
   return ((ssize_t (*) (int, const void *, size_t, off64_t))
           real ("pwrite64")) (fd, buf, count, offset);
 }
@@ -181,8 +235,15 @@ pwrite64 (int fd, const void *buf, size_t count, off64_t offset)
 ssize_t
 pwritev (int fd, const struct iovec *iov, int iovcnt, off_t offset)
 {
-  if (must_fail (fd, offset, iov_bytes (iov, iovcnt)))
+  struct iovec part[IOV_MAX];
+  uint64_t n = iov_bytes (iov, iovcnt), m;
+
+  if (must_fail (fd, offset, n))
     return -1;
+  if ((m = short_count (fd, offset, n)) < n && iovcnt <= IOV_MAX) {
+    iovcnt = iov_prefix (iov, iovcnt, m, part);
+    iov = part;
+  }
   return ((ssize_t (*) (int, const struct iovec *, int, off_t))
           real ("pwritev")) (fd, iov, iovcnt, offset);
 }
@@ -190,8 +251,15 @@ pwritev (int fd, const struct iovec *iov, int iovcnt, off_t offset)
 ssize_t
 pwritev64 (int fd, const struct iovec *iov, int iovcnt, off64_t offset)
 {
-  if (must_fail (fd, offset, iov_bytes (iov, iovcnt)))
+  struct iovec part[IOV_MAX];
+  uint64_t n = iov_bytes (iov, iovcnt), m;
+
+  if (must_fail (fd, offset, n))
     return -1;
+  if ((m = short_count (fd, offset, n)) < n && iovcnt <= IOV_MAX) {
+    iovcnt = iov_prefix (iov, iovcnt, m, part);
+    iov = part;
+  }
   return ((ssize_t (*) (int, const struct iovec *, int, off64_t))
           real ("pwritev64")) (fd, iov, iovcnt, offset);
 }
@@ -200,8 +268,17 @@ ssize_t
 pwritev2 (int fd, const struct iovec *iov, int iovcnt, off_t offset,
           int flags)
 {
-  if (offset != -1 && must_fail (fd, offset, iov_bytes (iov, iovcnt)))
-    return -1;
+  struct iovec part[IOV_MAX];
+  uint64_t n = iov_bytes (iov, iovcnt), m;
+
+  if (offset != -1) {
+    if (must_fail (fd, offset, n))
+      return -1;
+    if ((m = short_count (fd, offset, n)) < n && iovcnt <= IOV_MAX) {
+      iovcnt = iov_prefix (iov, iovcnt, m, part);
+      iov = part;
+    }
+  }
   return ((ssize_t (*) (int, const struct iovec *, int, off_t, int))
           real ("pwritev2")) (fd, iov, iovcnt, offset, flags);
 }
@@ -210,8 +287,17 @@ ssize_t
 pwritev64v2 (int fd, const struct iovec *iov, int iovcnt, off64_t offset,
              int flags)
 {
-  if (offset != -1 && must_fail (fd, offset, iov_bytes (iov, iovcnt)))
-    return -1;
+  struct iovec part[IOV_MAX];
+  uint64_t n = iov_bytes (iov, iovcnt), m;
+
+  if (offset != -1) {
+    if (must_fail (fd, offset, n))
+      return -1;
+    if ((m = short_count (fd, offset, n)) < n && iovcnt <= IOV_MAX) {
+      iovcnt = iov_prefix (iov, iovcnt, m, part);
+      iov = part;
+    }
+  }
   return ((ssize_t (*) (int, const struct iovec *, int, off64_t, int))
           real ("pwritev64v2")) (fd, iov, iovcnt, offset, flags);
 }
