@@ -13,10 +13,23 @@
 #   FUA write to B (no FUA)     -> A 2, B 2   (FUA emulated by a FLUSH)
 #   zero on A, trim on B, FLUSH -> A 3, B 3
 # and the data written is on the servers afterwards.
+# A FLUSH covers only what the server answered before the FLUSH was
+# sent: a write answered while a FLUSH is in flight at the server is
+# not covered by it, and the next FLUSH must reach the server.  Server C
+# (nbdkit eval over a file) holds each FLUSH until the test lets it go;
+# in hold mode a client's write is answered once the server answered
+# it.  Connection 1 sends a FLUSH; once C's log shows it arrived,
+# connection 2 writes, then the FLUSH is let go, then connection 2
+# sends a FLUSH: C's log must show a Flush after the write's answer.
+# With the mark of what a FLUSH covers taken when it is answered instead
+# of when it is sent, that last FLUSH finds the server clean and fails
+# with "no Flush reached C after the write answered during its first
+# Flush".
 source ./functions.sh
 set -e
 
 requires test -x /usr/bin/python3
+requires nbdkit eval --version
 requires /usr/bin/python3 -c 'import nbd'
 test -f "$PLUGIN"
 
@@ -170,3 +183,66 @@ print("data on both servers")
 EOF2
 srv_stop A
 srv_stop B
+
+# ---- a write answered while a FLUSH is in flight ----
+truncate -s 1M "$tmp/C.img"
+srv_start C unix --filter=log eval logfile="$tmp/C.txt" \
+  thread_model='echo parallel' get_size='echo 1048576' can_fua='echo none' \
+  pread="dd if=$tmp/C.img skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none" \
+  pwrite="dd of=$tmp/C.img seek=\$4 conv=notrunc oflag=seek_bytes status=none" \
+  flush="for i in \$(seq 600); do [ -e $tmp/C.go ] && break; sleep 0.05; done"
+srv_start plug3 unix "$PLUGIN" "file=${srv_uri[C]}" mode=hold
+cat > "$tmp/client3.py" <<'EOF2'
+import os, re, sys, time
+import nbd
+
+uri, log, go = sys.argv[1:4]
+
+def lines():
+    return [line.rstrip("\n") for line in open(log)]
+
+def find(pattern):
+    return [i for i, line in enumerate(lines()) if re.search(pattern, line)]
+
+FLUSH = r" Flush id=\d+ \.\.\.$"
+h1 = nbd.NBD()
+h1.connect_uri(uri)
+h2 = nbd.NBD()
+h2.connect_uri(uri)
+fl = h1.aio_flush()
+for _ in range(600):
+    if find(FLUSH):
+        break
+    h1.poll(0)
+    time.sleep(0.05)
+else:
+    sys.exit("FAIL: the FLUSH did not reach C within 30 s")
+# Hold mode: answered once C answered it, its first Flush still held.
+h2.pwrite(b"w" * 4096, 65536)
+open(go, "w").close()
+while not h1.aio_command_completed(fl):
+    h1.poll(-1)
+h2.flush()
+flushes = find(FLUSH)
+answered = find(r" \.\.\.Write id=\d+ return=0$")
+first_done = find(r" \.\.\.Flush id=\d+ return=0$")
+print("C's log: Flush sent at lines %r, the write answered at %r, "
+      "a Flush answered at %r" % (flushes, answered, first_done))
+assert len(answered) == 1, "C answered %d writes" % len(answered)
+if not (flushes[0] < answered[0] < first_done[0]):
+    sys.exit("FAIL: the write was not answered during C's first Flush")
+if not any(i > answered[0] for i in flushes):
+    sys.exit("FAIL: no Flush reached C after the write answered during "
+             "its first Flush")
+h2.shutdown()
+h1.shutdown()
+EOF2
+/usr/bin/python3 "$tmp/client3.py" "${srv_uri[plug3]}" "$tmp/C.txt" \
+                 "$tmp/C.go"
+srv_stop plug3
+srv_stop C
+/usr/bin/python3 - "$tmp/C.img" <<'EOF2'
+import sys
+d = open(sys.argv[1], "rb").read()
+assert d[65536:65536 + 4096] == b"w" * 4096, "C lost the write"
+EOF2
