@@ -15,6 +15,16 @@
 #    writeback mode and a read both fail with EIO, and a hold-mode write
 #    too; the plug stays up, and once the server is back the same
 #    requests succeed.
+#  - Every connection to a server (four: nbdkit file has multi-conn) at
+#    end-of-file at once, with reads in flight on each: the plug is
+#    stopped (SIGSTOP) while the server is killed and restarted, then
+#    resumed.  A read sent again on a connection whose end the plug has
+#    not read yet fails there (the socket is closed) and marks it
+#    broken; the reads go to the new server and return the right data.
+#    With pick_conn() taking a broken connection too, the loop thread
+#    sends the same read to that connection again and again and never
+#    answers: "FAIL: 8 reads still unanswered 60 s after the server came
+#    back".
 source ./functions.sh
 set -e
 
@@ -224,3 +234,62 @@ wait $cpid
 srv_stop t-wb
 srv_stop t-hold
 srv_stop t-r
+
+# ---- every connection at end-of-file at once, reads in flight on each ----
+/usr/bin/python3 -c 'import sys
+open(sys.argv[1], "wb").write(bytes(range(256)) * (4 << 12))' "$tmp/d.img"
+# The reads wait at the server until it is killed.
+srv_start d-r unix --filter=log --filter=delay file "$tmp/d.img" \
+          delay-read=60 logfile="$tmp/d-r1.txt"
+srv_start d-plug unix "$PLUGIN" "file=${srv_uri[d-r]}"
+cat > "$tmp/dead.py" <<'EOF2'
+import nbd, os, re, sys, time
+uri, log, tmp = sys.argv[1:4]
+N = 8
+h = nbd.NBD()
+h.connect_uri(uri)
+bufs = [nbd.Buffer(4096) for _ in range(N)]
+cookies = [h.aio_pread(b, i * 65536 + 512) for i, b in enumerate(bufs)]
+for _ in range(600):
+    conns = [m.group(1) for m in (re.search(r"connection=(\d+) Read id=", l)
+                                  for l in open(log)) if m]
+    if len(conns) >= N:
+        break
+    h.poll(0)
+    time.sleep(0.05)
+print("%d reads at the server, on its connections %s"
+      % (len(conns), sorted(set(conns))))
+assert len(conns) == N and len(set(conns)) == 4, "reads not on 4 connections"
+open(os.path.join(tmp, "d-inflight"), "w").close()
+while not os.path.exists(os.path.join(tmp, "d-back")):
+    time.sleep(0.05)
+# Generous: answered within retry-timeout (10 s) whatever happens.
+deadline = time.monotonic() + 60
+for c in cookies:
+    while not h.aio_command_completed(c):
+        if time.monotonic() > deadline:
+            left = sum(1 for c in cookies if not h.aio_command_completed(c))
+            sys.exit("FAIL: %d reads still unanswered 60 s after the server "
+                     "came back" % left)
+        h.poll(1000)
+data = open(os.path.join(tmp, "d.img"), "rb").read()
+for i, b in enumerate(bufs):
+    off = i * 65536 + 512
+    assert b.to_bytearray() == data[off:off + 4096], "read %d differs" % i
+print("client: the %d reads answered with the right data" % N)
+h.shutdown()
+EOF2
+/usr/bin/python3 "$tmp/dead.py" "${srv_uri[d-plug]}" "$tmp/d-r1.txt" "$tmp" &
+cpid=$!
+cleanup_fn kill_quiet $cpid
+wait_marker d-inflight
+# The plug sees every connection end at once when it resumes.
+kill -STOP "$(server_pid d-plug)"
+srv_kill d-r
+srv_start d-r unix file "$tmp/d.img"
+kill -CONT "$(server_pid d-plug)"
+touch "$tmp/d-back"
+wait $cpid
+grep -q "connection lost" "$tmp/d-plug.log"
+srv_stop d-plug
+srv_stop d-r
