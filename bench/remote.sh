@@ -19,6 +19,8 @@
 #                   multi-conn, so by default the plug opens 4)
 #   fast-randwrite, fast-randread, fast-seq   remote nbdkit memory, no
 #                   delay: 4 KiB at QD16
+#   null (in the first two) is nbdkit's null plugin, no server behind
+#                   it: the ceiling of any nbdkit front on this machine
 #   tune-randwrite-qd64  the defaults of remote-queue-depth= and
 #                   remote-connections=: 4 KiB random writes at QD64,
 #                   all plugged (direct=never), to the 1 ms remote
@@ -82,7 +84,7 @@ uri_of ()
 # measure REMOTE-OPTS REMOTE-PARAMS FRONT FIO-ARGS...
 #   REMOTE-OPTS: nbdkit options and filters for the remote (one string),
 #   REMOTE-PARAMS: their parameters (after the plugin)
-#   FRONT: proxy, cache, plug, or plug:PARAM,PARAM
+#   FRONT: proxy, cache, plug, plug:PARAM,PARAM, or null
 # Prints "iops=N cops=N rops=N": client IOPS, client writes, and
 # writes the remote received.
 measure ()
@@ -97,6 +99,8 @@ measure ()
     cache) start front --filter=cache nbd uri="$(uri_of remote)" \
                  cache=writeback ;;
     plug) start front "$PLUGIN" "file=$(uri_of remote)" ;;
+    # No backend at all: what any nbdkit front reaches on this machine.
+    null) start front null 1G ;;
     plug:*)
       local params
       IFS=, read -r -a params <<< "${front#plug:}"
@@ -122,11 +126,11 @@ measure ()
 declare -A scen_ropts scen_rparams scen_fronts scen_fio
 scen_ropts[slow-seq-qd16]="--filter=delay"
 scen_rparams[slow-seq-qd16]="delay-write=1ms"
-scen_fronts[slow-seq-qd16]="proxy plug"
+scen_fronts[slow-seq-qd16]="proxy plug null"
 scen_fio[slow-seq-qd16]="--rw=write --iodepth=16"
 scen_ropts[serial-qd1-fsync]="-t 1 --filter=delay"
 scen_rparams[serial-qd1-fsync]="delay-write=1ms"
-scen_fronts[serial-qd1-fsync]="proxy cache plug plug:remote-connections=1"
+scen_fronts[serial-qd1-fsync]="proxy cache plug plug:remote-connections=1 null"
 scen_fio[serial-qd1-fsync]="--rw=write --iodepth=1 --fsync=64"
 scen_fronts[fast-randwrite]="proxy plug"
 scen_fio[fast-randwrite]="--rw=randwrite --iodepth=16"
