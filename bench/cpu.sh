@@ -24,7 +24,19 @@
 # `stress-ng --cpu 1` beside the benchmark), BENCH_SCENARIOS (subset of
 # the names below), BENCH_PLUG_ARGS (more plugin parameters, e.g.
 # "max-inflight=1"; nbdkit options such as -D plug.FLAG=1 as one word
-# go before the plugin), PLUGIN.  Raw lines on stderr, the table on stdout.
+# go before the plugin), BENCH_RATE (fio --rate_iops: every server at
+# the same request rate, below the slowest one's capacity; default none),
+# PLUGIN.  Raw lines on stderr, the table on stdout.
+#
+# Why BENCH_RATE: unthrottled, the CPU per request of two servers on two
+# CPUs depends on which regime each falls into as much as on its work.
+# A server that answers faster than fio sends drains the socket, and
+# nbdkit's worker threads then sleep in read() and on the connection's
+# read lock, one futex sleep and wake-up after another: nbdkit null, the
+# fastest server there is, took 0.6 voluntary context switches per 4 KiB
+# write where nbdkit file took 0.06-0.3 (2026-12-05, bench/README).  At a
+# rate both servers sustain, both wait for the client alike and the
+# difference is the work per request.
 
 set -euo pipefail
 BENCH_REPS=${BENCH_REPS:-5}
@@ -36,6 +48,8 @@ BENCH_TMPDIR=${BENCH_TMPDIR:-/dev/shm}
 command -v fio >/dev/null || die "fio not found"
 
 qd=$BENCH_QD
+rate_args=()
+[ -n "${BENCH_RATE:-}" ] && rate_args=(--rate_iops="$BENCH_RATE")
 plug_opts=() plug_args=()
 for a in ${BENCH_PLUG_ARGS:-}; do
   case $a in -*) plug_opts+=("$a") ;; *) plug_args+=("$a") ;; esac
@@ -80,7 +94,8 @@ measure ()
   esac
   start_server "${server[@]}"
   fio_measure "$kind" "$stats" --rw="$rw" --bs="$bs" \
-              --iodepth="$qd" --size="$BENCH_SIZE" "${fioargs[@]}"
+              --iodepth="$qd" --size="$BENCH_SIZE" "${rate_args[@]}" \
+              "${fioargs[@]}"
   [ "$file" != "$read_file" ] && rm -f "$file"
   echo "$fio_result"
 }
@@ -94,7 +109,7 @@ echo "# $(uname -srm), $(nproc) CPUs, load $(load_avg), $(nbdkit --version)," \
      "$(fio --version), git $plugin_id${BENCH_PLUG_ARGS:+, plug: $BENCH_PLUG_ARGS}"
 echo "# files in $BENCH_TMPDIR ($(df -PT "$tmp" | awk 'NR == 2 { print $2 }'))," \
      "size $BENCH_SIZE, QD $qd, ${BENCH_SECONDS}s x $BENCH_REPS (median)," \
-     "CPU hog: $hog"
+     "CPU hog: $hog${BENCH_RATE:+, rate $BENCH_RATE IOPS}"
 echo "# iops from fio (writes: final FLUSH inside the runtime);" \
      "us/req = server user+sys CPU / fio total_ios (medians over reps)"
 echo "# ratio = plug / base: median over reps of the ratio within one rep" \
