@@ -28,32 +28,32 @@ mkdir "$tmp/dir"
 ln -s "$tmp/nonexistent" "$tmp/dangling"
 good=$tmp/good.img
 
-# nbdkit's own temporary socket directories that no live server
-# listens in, one a line.  Other tests running at the same time (make
-# -j2) serve from such directories with "-U -": theirs have a bound
-# socket (a line of /proc/net/unix), a leftover of a server that is
-# gone has none.
+# nbdkit's temporary socket directories left behind, one a line: what
+# "-U -" leaves when the configuration fails is an empty directory.
+# Other tests running at the same time (make -j2) have such directories
+# too, but never empty for long: a live server's holds its socket, and
+# the eval plugin's holds its scripts.
 nbdkit_tmpdirs ()
 {
   local d
   for d in /tmp/nbdkit??????; do
-    [ -d "$d" ] || continue
-    grep -qF " $d/" /proc/net/unix || echo "$d"
+    if [ -d "$d" ] && [ -z "$(ls -A "$d" 2>/dev/null)" ]; then
+      echo "$d"
+    fi
   done | sort
 }
 
 # no_leftovers BEFORE WHAT: no nbdkit temporary directory appeared since
 # the listing BEFORE was taken.  (Another test running at the same time
-# may make one of its own: only a directory that is still there, was
-# not there before and has no live server counts, and the test says
-# which.)
+# may make one of its own: only an empty directory that is still there
+# and was not there before counts, and the test says which.)
 no_leftovers ()
 {
   local new
   new=$(comm -13 <(echo "$1") <(nbdkit_tmpdirs))
   if [ -n "$new" ]; then
-    # A server starting or stopping beside us has its directory without
-    # its socket for a moment: look again.
+    # A server starting or stopping beside us has its directory empty
+    # for a moment: look again.
     sleep 1
     new=$(comm -13 <(echo "$1") <(nbdkit_tmpdirs))
   fi
