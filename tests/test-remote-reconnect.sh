@@ -23,8 +23,8 @@
 #    broken; the reads go to the new server and return the right data.
 #    With pick_conn() taking a broken connection too, the loop thread
 #    sends the same read to that connection again and again and never
-#    answers: "FAIL: 8 reads still unanswered 60 s after the server came
-#    back".
+#    answers: "FAIL: 64 reads still unanswered 60 s after the server
+#    came back".
 source ./functions.sh
 set -e
 
@@ -241,11 +241,12 @@ open(sys.argv[1], "wb").write(bytes(range(256)) * (4 << 12))' "$tmp/d.img"
 # The reads wait at the server until it is killed.
 srv_start d-r unix --filter=log --filter=delay file "$tmp/d.img" \
           delay-read=60 logfile="$tmp/d-r1.txt"
-srv_start d-plug unix "$PLUGIN" "file=${srv_uri[d-r]}"
+# -t 64: every one of the 64 reads reaches the plug, 16 per connection.
+srv_start d-plug unix -t 64 "$PLUGIN" "file=${srv_uri[d-r]}"
 cat > "$tmp/dead.py" <<'EOF2'
 import nbd, os, re, sys, time
 uri, log, tmp = sys.argv[1:4]
-N = 8
+N = 64
 h = nbd.NBD()
 h.connect_uri(uri)
 bufs = [nbd.Buffer(4096) for _ in range(N)]
