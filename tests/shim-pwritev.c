@@ -147,37 +147,39 @@ count_failure (void)
   pthread_mutex_unlock (&count_lock);
 }
 
-/* Does the call touch the failing range of the target now? */
+/* Does the call touch the failing range of the target now?  (init ran.) */
 static bool
 in_failing_range (int fd, uint64_t offset, uint64_t count)
 {
-  pthread_once (&once, init);
   if (count == 0 || offset >= fail_hi || offset + count <= fail_lo)
     return false;
   return is_target (fd) && failing_now ();
 }
 
-/* Must this call fail?  Sets errno if so. */
+/* Must this call fail?  Sets errno if so.  (Not in SHIM_SHORT mode,
+ * where a write is cut short instead and fallocate is left alone.)
+ */
 static bool
 must_fail (int fd, uint64_t offset, uint64_t count)
 {
-  if (!in_failing_range (fd, offset, count))
-    return false;
-  if (short_max > 0)
+  pthread_once (&once, init);
+  if (short_max > 0 || !in_failing_range (fd, offset, count))
     return false;
   count_failure ();
   errno = fail_errno;
   return true;
 }
 
-/* SHIM_SHORT: how many bytes of a write of count bytes to let through
- * (count itself if the write is left whole).
+/* How many of the count bytes a write may write: count, fewer
+ * (SHIM_SHORT), or -1 with errno set when it must fail.
  */
-static uint64_t
-short_count (int fd, uint64_t offset, uint64_t count)
+static int64_t
+write_gate (int fd, uint64_t offset, uint64_t count)
 {
-  if (!in_failing_range (fd, offset, count) || short_max == 0 ||
-      count <= short_max)
+  pthread_once (&once, init);
+  if (short_max == 0)
+    return must_fail (fd, offset, count) ? -1 : (int64_t) count;
+  if (count <= short_max || !in_failing_range (fd, offset, count))
     return count;
   count_failure ();
   return short_max;
@@ -212,38 +214,54 @@ iov_bytes (const struct iovec *iov, int iovcnt)
   return n;
 }
 
+/* write_gate for a vector write: -1 if it must fail; else 0, with
+ * *iov and *iovcnt cut (into part) to what it may write.
+ */
+static int
+write_gate_iov (int fd, uint64_t offset, const struct iovec **iov,
+                int *iovcnt, struct iovec *part)
+{
+  uint64_t n = iov_bytes (*iov, *iovcnt);
+  int64_t m = write_gate (fd, offset, n);
+
+  if (m == -1)
+    return -1;
+  if ((uint64_t) m < n && *iovcnt <= IOV_MAX) {
+    *iovcnt = iov_prefix (*iov, *iovcnt, m, part);
+    *iov = part;
+  }
+  return 0;
+}
+
 ssize_t
 pwrite (int fd, const void *buf, size_t count, off_t offset)
 {
-  if (must_fail (fd, offset, count))
+  int64_t n = write_gate (fd, offset, count);
+
+  if (n == -1)
     return -1;
-  count = short_count (fd, offset, count);
   return ((ssize_t (*) (int, const void *, size_t, off_t))
-          real ("pwrite")) (fd, buf, count, offset);
+          real ("pwrite")) (fd, buf, n, offset);
 }
 
 ssize_t
 pwrite64 (int fd, const void *buf, size_t count, off64_t offset)
 {
-  if (must_fail (fd, offset, count))
+  int64_t n = write_gate (fd, offset, count);
+
+  if (n == -1)
     return -1;
-  count = short_count (fd, offset, count);
   return ((ssize_t (*) (int, const void *, size_t, off64_t))
-          real ("pwrite64")) (fd, buf, count, offset);
+          real ("pwrite64")) (fd, buf, n, offset);
 }
 
 ssize_t
 pwritev (int fd, const struct iovec *iov, int iovcnt, off_t offset)
 {
   struct iovec part[IOV_MAX];
-  uint64_t n = iov_bytes (iov, iovcnt), m;
 
-  if (must_fail (fd, offset, n))
+  if (write_gate_iov (fd, offset, &iov, &iovcnt, part) == -1)
     return -1;
-  if ((m = short_count (fd, offset, n)) < n && iovcnt <= IOV_MAX) {
-    iovcnt = iov_prefix (iov, iovcnt, m, part);
-    iov = part;
-  }
   return ((ssize_t (*) (int, const struct iovec *, int, off_t))
           real ("pwritev")) (fd, iov, iovcnt, offset);
 }
@@ -252,14 +270,9 @@ ssize_t
 pwritev64 (int fd, const struct iovec *iov, int iovcnt, off64_t offset)
 {
   struct iovec part[IOV_MAX];
-  uint64_t n = iov_bytes (iov, iovcnt), m;
 
-  if (must_fail (fd, offset, n))
+  if (write_gate_iov (fd, offset, &iov, &iovcnt, part) == -1)
     return -1;
-  if ((m = short_count (fd, offset, n)) < n && iovcnt <= IOV_MAX) {
-    iovcnt = iov_prefix (iov, iovcnt, m, part);
-    iov = part;
-  }
   return ((ssize_t (*) (int, const struct iovec *, int, off64_t))
           real ("pwritev64")) (fd, iov, iovcnt, offset);
 }
@@ -269,16 +282,10 @@ pwritev2 (int fd, const struct iovec *iov, int iovcnt, off_t offset,
           int flags)
 {
   struct iovec part[IOV_MAX];
-  uint64_t n = iov_bytes (iov, iovcnt), m;
 
-  if (offset != -1) {
-    if (must_fail (fd, offset, n))
-      return -1;
-    if ((m = short_count (fd, offset, n)) < n && iovcnt <= IOV_MAX) {
-      iovcnt = iov_prefix (iov, iovcnt, m, part);
-      iov = part;
-    }
-  }
+  if (offset != -1 &&
+      write_gate_iov (fd, offset, &iov, &iovcnt, part) == -1)
+    return -1;
   return ((ssize_t (*) (int, const struct iovec *, int, off_t, int))
           real ("pwritev2")) (fd, iov, iovcnt, offset, flags);
 }
@@ -288,16 +295,10 @@ pwritev64v2 (int fd, const struct iovec *iov, int iovcnt, off64_t offset,
              int flags)
 {
   struct iovec part[IOV_MAX];
-  uint64_t n = iov_bytes (iov, iovcnt), m;
 
-  if (offset != -1) {
-    if (must_fail (fd, offset, n))
-      return -1;
-    if ((m = short_count (fd, offset, n)) < n && iovcnt <= IOV_MAX) {
-      iovcnt = iov_prefix (iov, iovcnt, m, part);
-      iov = part;
-    }
-  }
+  if (offset != -1 &&
+      write_gate_iov (fd, offset, &iov, &iovcnt, part) == -1)
+    return -1;
   return ((ssize_t (*) (int, const struct iovec *, int, off64_t, int))
           real ("pwritev64v2")) (fd, iov, iovcnt, offset, flags);
 }
