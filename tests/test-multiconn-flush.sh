@@ -42,7 +42,7 @@ img=$tmp/disk.img
 
 # client.py URI IMG STATSFILE EVENTS
 cat > "$tmp/client.py" <<'EOF'
-import json, nbd, sys, time
+import json, nbd, plugtest, sys, time
 uri, img, statsfile, out = sys.argv[1:5]
 K = 65536
 
@@ -52,15 +52,7 @@ def in_file(off):
         return f.read(K)
 
 def stats_after(n):
-    """The statistics once n connections have closed."""
-    while True:
-        try:
-            st = json.load(open(statsfile))
-            if st["connections"] >= n:
-                return st
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.01)
+    return plugtest.stats_after(statsfile, n)
 
 a = nbd.NBD()
 a.connect_uri(uri)
@@ -107,32 +99,11 @@ EOF
 
 # check.py STRACE-DIR IMG EVENTS: the order of the system calls.
 cat > "$tmp/check.py" <<'EOF'
-import glob, json, os, re, sys
-tdir, img, events = sys.argv[1], os.path.realpath(sys.argv[2]), sys.argv[3]
+import json, plugtest, sys
+tdir, img, events = sys.argv[1:4]
 ev = json.load(open(events))
 K = 65536
-line_re = re.compile(r"^(\d+\.\d+) (\w+)\((\d+)<([^>]*)>(.*)\) = (-?\d+)"
-                     r"(?: \w+ \([^)]*\))? <(\d+\.\d+)>$")
-writes, syncs = [], []
-for f in glob.glob(os.path.join(tdir, "t.*")):
-    for line in open(f):
-        line = line.rstrip("\n")
-        if "unfinished" in line or "resumed" in line:
-            sys.exit("strace -ff split a call: %r" % line)
-        m = line_re.match(line)
-        if not m or os.path.realpath(m.group(4)) != img:
-            continue
-        ts, name, rest, ret = (float(m.group(1)), m.group(2), m.group(5),
-                               int(m.group(6)))
-        if name in ("fdatasync", "fsync") and ret == 0:
-            syncs.append(ts)
-        elif name.startswith("pwrite") and ret > 0:
-            # pwrite64(fd, buf, n, OFF), pwritev(fd, iov, n, OFF),
-            # pwritev2(fd, iov, n, OFF, FLAGS)
-            off = rest.rsplit(", ", 2 if name == "pwritev2" else 1)[1]
-            if not off.isdigit():
-                sys.exit("cannot parse the offset of %r" % line)
-            writes.append((ts + float(m.group(7)), int(off), ret))
+writes, syncs, _ = plugtest.backing_calls(tdir, img)
 print("backing file %s: %d pwrite calls, %d syncs"
       % (img, len(writes), len(syncs)))
 

@@ -38,23 +38,15 @@ dd if=$tmp/R.img skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none"
 srv_start plug unix -t 64 "$PLUGIN" "file=${srv_uri[R]}"
 
 cat > "$tmp/client.py" <<'EOF2'
-import collections, os, re, sys, time
-import nbd
+import collections, os, sys
+import nbd, plugtest
 
 uri, log, hold, img = sys.argv[1:5]
 N = 40
 h = nbd.NBD()
 h.connect_uri(uri)
-bufs = [nbd.Buffer(4096) for _ in range(N)]
-cookies = [h.aio_pread(b, i * 65536 + 512) for i, b in enumerate(bufs)]
-for _ in range(600):
-    conns = [m.group(1) for m in (re.search(r"connection=(\d+) Read id=", l)
-                                  for l in open(log)) if m]
-    if len(conns) >= N:
-        break
-    h.poll(0)
-    time.sleep(0.05)
-else:
+bufs, cookies, conns = plugtest.held_reads(h, log, N)
+if len(conns) < N:
     sys.exit("FAIL: %d of the %d reads reached the server" % (len(conns), N))
 counts = sorted(collections.Counter(conns).values(), reverse=True)
 print("reads per server connection: %r" % counts)
@@ -65,10 +57,7 @@ os.unlink(hold)
 for c in cookies:
     while not h.aio_command_completed(c):
         h.poll(-1)
-data = open(img, "rb").read()
-for i, b in enumerate(bufs):
-    off = i * 65536 + 512
-    assert b.to_bytearray() == data[off:off + 4096], "read %d differs" % i
+plugtest.check_reads(bufs, img)
 print("the %d reads returned the file's data" % N)
 h.shutdown()
 EOF2

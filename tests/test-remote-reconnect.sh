@@ -244,20 +244,12 @@ srv_start d-r unix --filter=log --filter=delay file "$tmp/d.img" \
 # -t 64: every one of the 64 reads reaches the plug, 16 per connection.
 srv_start d-plug unix -t 64 "$PLUGIN" "file=${srv_uri[d-r]}"
 cat > "$tmp/dead.py" <<'EOF2'
-import nbd, os, re, sys, time
+import nbd, os, plugtest, sys, time
 uri, log, tmp = sys.argv[1:4]
 N = 64
 h = nbd.NBD()
 h.connect_uri(uri)
-bufs = [nbd.Buffer(4096) for _ in range(N)]
-cookies = [h.aio_pread(b, i * 65536 + 512) for i, b in enumerate(bufs)]
-for _ in range(600):
-    conns = [m.group(1) for m in (re.search(r"connection=(\d+) Read id=", l)
-                                  for l in open(log)) if m]
-    if len(conns) >= N:
-        break
-    h.poll(0)
-    time.sleep(0.05)
+bufs, cookies, conns = plugtest.held_reads(h, log, N)
 print("%d reads at the server, on its connections %s"
       % (len(conns), sorted(set(conns))))
 assert len(conns) == N and len(set(conns)) == 4, "reads not on 4 connections"
@@ -273,10 +265,7 @@ for c in cookies:
             sys.exit("FAIL: %d reads still unanswered 60 s after the server "
                      "came back" % left)
         h.poll(1000)
-data = open(os.path.join(tmp, "d.img"), "rb").read()
-for i, b in enumerate(bufs):
-    off = i * 65536 + 512
-    assert b.to_bytearray() == data[off:off + 4096], "read %d differs" % i
+plugtest.check_reads(bufs, os.path.join(tmp, "d.img"))
 print("client: the %d reads answered with the right data" % N)
 h.shutdown()
 EOF2

@@ -40,21 +40,13 @@ test -f "$PLUGIN"
 plug_tmpdir
 
 cat > "$tmp/client.py" <<'EOF'
-import json, nbd, os, sys, time
+import json, nbd, plugtest, sys, time
 uri, statsfile, out = sys.argv[1:4]
 K = 65536
 events = {}
 
 def stats_after(n):
-    """The statistics once n connections have closed."""
-    while True:
-        try:
-            st = json.load(open(statsfile))
-            if st["connections"] >= n:
-                return st
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.01)
+    return plugtest.stats_after(statsfile, n)
 
 def session():
     h = nbd.NBD()
@@ -138,45 +130,10 @@ EOF
 
 # check.py STRACE-DIR IMG EVENTS: the order of the system calls.
 cat > "$tmp/check.py" <<'EOF'
-import glob, json, os, re, sys
-tdir, img, events = sys.argv[1], os.path.realpath(sys.argv[2]), sys.argv[3]
+import json, plugtest, sys
+tdir, img, events = sys.argv[1:4]
 ev = json.load(open(events))
-line_re = re.compile(r"^(\d+\.\d+) (\w+)\((\d+)<([^>]*)>(.*)\) = (-?\d+)"
-                     r"(?: \w+ \([^)]*\))? <(\d+\.\d+)>$")
-writes, syncs, trims = [], [], []
-for f in glob.glob(os.path.join(tdir, "t.*")):
-    for line in open(f):
-        line = line.rstrip("\n")
-        if "unfinished" in line or "resumed" in line:
-            sys.exit("strace -ff split a call: %r" % line)
-        m = line_re.match(line)
-        if not m:
-            continue
-        ts, name, fd, path, rest, ret, dur = m.groups()
-        if path != img:
-            continue
-        ts, ret, dur = float(ts), int(ret), float(dur)
-        if name in ("fdatasync", "fsync"):
-            if ret == 0:
-                syncs.append(ts)
-        elif name.startswith("pwrite") and ret > 0:
-            # pwrite64(fd, buf, n, OFF), pwritev(fd, iov, n, OFF),
-            # pwritev2(fd, iov, n, OFF, FLAGS)
-            args = rest.rsplit(", ", 2 if name == "pwritev2" else 1)
-            off = args[1]
-            if not off.isdigit():
-                sys.exit("cannot parse the offset of %r" % line)
-            writes.append((ts + dur, int(off), ret))
-        elif name == "fallocate" and ret == 0:
-            # fallocate(fd, MODE, OFF, LEN): zeroes or a hole
-            mode, off, n = rest.rsplit(", ", 2)
-            if not off.isdigit() or not n.isdigit():
-                sys.exit("cannot parse the range of %r" % line)
-            writes.append((ts + dur, int(off), int(n)))
-            if "PUNCH_HOLE" in mode:
-                trims.append(ts)
-writes.sort()
-syncs.sort()
+writes, syncs, trims = plugtest.backing_calls(tdir, img)
 print("backing file %s: %d pwrite and fallocate calls (%d punching), "
       "%d syncs" % (img, len(writes), len(trims), len(syncs)))
 

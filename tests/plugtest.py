@@ -1,0 +1,111 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
+"""plugtest: what the shell tests' Python clients share.
+
+functions.sh puts this directory on PYTHONPATH, so a client written to
+$tmp by a test says "import plugtest".
+"""
+
+import glob
+import json
+import os
+import re
+import sys
+import time
+
+import nbd
+
+
+def stats_after(statsfile, n):
+    """The plug's statistics once n connections have closed (it
+    rewrites its statsfile at each close)."""
+    while True:
+        try:
+            st = json.load(open(statsfile))
+            if st["connections"] >= n:
+                return st
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+
+
+# One line of strace -ttt -T -y: start time, call, fd, the fd's path,
+# the other arguments, the result, an errno name, the duration.
+_STRACE_LINE = re.compile(r"^(\d+\.\d+) (\w+)\((\d+)<([^>]*)>(.*)\) = "
+                          r"(-?\d+)(?: \w+ \([^)]*\))? <(\d+\.\d+)>$")
+
+
+def backing_calls(tdir, img):
+    """The calls on file img in the output of `strace -ff -ttt -T -y -o
+    TDIR/t`: (writes, syncs, trims).  writes: (when the call returned,
+    offset, length) of each pwrite* and fallocate that succeeded, in
+    that order; syncs: when each fdatasync or fsync that succeeded
+    started, in order; trims: when each fallocate that punched a hole
+    started.  Exits with a message on a call strace split in two or an
+    argument it cannot parse."""
+    img = os.path.realpath(img)
+    writes, syncs, trims = [], [], []
+    for f in glob.glob(os.path.join(tdir, "t.*")):
+        for line in open(f):
+            line = line.rstrip("\n")
+            if "unfinished" in line or "resumed" in line:
+                sys.exit("strace -ff split a call: %r" % line)
+            m = _STRACE_LINE.match(line)
+            if not m or os.path.realpath(m.group(4)) != img:
+                continue
+            ts, name, rest = float(m.group(1)), m.group(2), m.group(5)
+            ret, end = int(m.group(6)), float(m.group(1)) + float(m.group(7))
+            if name in ("fdatasync", "fsync"):
+                if ret == 0:
+                    syncs.append(ts)
+            elif name.startswith("pwrite") and ret > 0:
+                # pwrite64(fd, buf, n, OFF), pwritev(fd, iov, n, OFF),
+                # pwritev2(fd, iov, n, OFF, FLAGS)
+                off = rest.rsplit(", ", 2 if name == "pwritev2" else 1)[1]
+                if not off.isdigit():
+                    sys.exit("cannot parse the offset of %r" % line)
+                writes.append((end, int(off), ret))
+            elif name == "fallocate" and ret == 0:
+                # fallocate(fd, MODE, OFF, LEN): zeroes or a hole
+                mode, off, n = rest.rsplit(", ", 2)
+                if not off.isdigit() or not n.isdigit():
+                    sys.exit("cannot parse the range of %r" % line)
+                writes.append((end, int(off), int(n)))
+                if "PUNCH_HOLE" in mode:
+                    trims.append(ts)
+    writes.sort()
+    syncs.sort()
+    return writes, syncs, trims
+
+
+# held_reads' reads: 4 KiB at i * 64 KiB + 512.
+def _read_offset(i):
+    return i * 65536 + 512
+
+
+def held_reads(h, log, n):
+    """Send n reads on handle h that the server holds, and wait (30 s at
+    most) until its log (--filter=log) shows them all: returns (bufs,
+    cookies, conns), conns the server connection of each read logged
+    (fewer than n if they did not all arrive)."""
+    bufs = [nbd.Buffer(4096) for _ in range(n)]
+    cookies = [h.aio_pread(b, _read_offset(i)) for i, b in enumerate(bufs)]
+    for _ in range(600):
+        conns = [m.group(1) for m in (re.search(r"connection=(\d+) Read id=",
+                                                line) for line in open(log))
+                 if m]
+        if len(conns) >= n:
+            break
+        h.poll(0)
+        time.sleep(0.05)
+    return bufs, cookies, conns
+
+
+def check_reads(bufs, img):
+    """Assert that held_reads' buffers hold file img's data."""
+    data = open(img, "rb").read()
+    for i, b in enumerate(bufs):
+        off = _read_offset(i)
+        assert b.to_bytearray() == data[off:off + 4096], "read %d differs" % i
+
