@@ -72,32 +72,26 @@ h.shutdown()
 s2 = stats_after(2)
 events["plain"] = {"start": t, "end": time.time()}
 
+def fua_step(n, name, off, request):
+    """Connection n sends one FUA request, request(h); its time from
+    before the request to the reply goes in events[name].  Returns the
+    statistics once the connection closed."""
+    h = session()
+    t0 = time.time()
+    request(h)
+    t1 = time.time()
+    h.shutdown()
+    events[name] = {"start": t0, "end": t1, "off": off, "len": K}
+    return stats_after(n)
+
 # 3. A FUA write.
-h = session()
-t3 = time.time()
-h.pwrite(b"U" * K, 8 * K, nbd.CMD_FLAG_FUA)
-t4 = time.time()
-h.shutdown()
-s3 = stats_after(3)
-events["fua"] = {"start": t3, "end": t4, "off": 8 * K, "len": K}
-
+s3 = fua_step(3, "fua", 8 * K,
+              lambda h: h.pwrite(b"U" * K, 8 * K, nbd.CMD_FLAG_FUA))
 # 4. A FUA zero over the FUA write's data (it may punch a hole).
-h = session()
-t5 = time.time()
-h.zero(K, 8 * K, nbd.CMD_FLAG_FUA)
-t6 = time.time()
-h.shutdown()
-s4 = stats_after(4)
-events["fua-zero"] = {"start": t5, "end": t6, "off": 8 * K, "len": K}
-
+s4 = fua_step(4, "fua-zero", 8 * K,
+              lambda h: h.zero(K, 8 * K, nbd.CMD_FLAG_FUA))
 # 5. A FUA trim of the flushed write's data.
-h = session()
-t7 = time.time()
-h.trim(K, 0, nbd.CMD_FLAG_FUA)
-t8 = time.time()
-h.shutdown()
-s5 = stats_after(5)
-events["fua-trim"] = {"start": t7, "end": t8, "off": 0, "len": K}
+s5 = fua_step(5, "fua-trim", 0, lambda h: h.trim(K, 0, nbd.CMD_FLAG_FUA))
 
 sync = [s["backend"]["sync"]["ops"] for s in (s1, s2, s3, s4, s5)]
 print("backend.sync.ops after each step: flush %d, plain %d, fua %d, "
