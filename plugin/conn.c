@@ -422,7 +422,7 @@ conns_shutdown (struct plug_stats *live)
  * each thread of a connection serves its requests in turn), and its
  * data is copied before taking the lock.
  */
-static __thread bool last_plugged;
+static PLUG_THREAD_LOCAL bool last_plugged;
 
 /* Writeback acknowledges a write at once, so the plug must hold a copy
  * of its data (nbdkit reuses its buffer once we return); a FUA write

@@ -36,7 +36,7 @@ struct engine *eng;
 #define NR_WAKE_WORDS 64
 static uint32_t wake_words[NR_WAKE_WORDS];
 static uint32_t next_slot;              /* Atomic. */
-static __thread uint32_t my_bit;        /* 0: not yet given. */
+static PLUG_THREAD_LOCAL uint32_t my_bit; /* 0: not yet given. */
 
 void
 glue_waiter_init (struct waiter *w, uint64_t group)

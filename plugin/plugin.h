@@ -22,6 +22,18 @@
 #include "retry.h"
 #include "stats.h"
 
+/* A thread-local variable of the plugin.  initial-exec: it lives in the
+ * thread's static TLS block (ld.so reserves room for dlopen'd objects),
+ * read with one %fs-relative load.  The default model for a shared
+ * object is dynamic TLS, which a thread's first access allocates with
+ * ld.so's malloc through __tls_get_addr, a call on every access;
+ * ThreadSanitizer's hook of that call reports a race between the
+ * allocation and glibc freeing a finished thread's TLS (synchronised by
+ * a lock inside glibc that it cannot see), and once crashed in it.
+ * tests/test-static-tls.sh checks that no dynamic TLS is left.
+ */
+#define PLUG_THREAD_LOCAL __thread __attribute__ ((tls_model ("initial-exec")))
+
 enum plug_mode {
   MODE_WRITEBACK,               /* Acknowledge once held (copied). */
   MODE_HOLD,                    /* Acknowledge once the backend did it. */
