@@ -15,7 +15,10 @@
 # before) / fio's total_ios.
 #
 # Servers: base = nbdkit file FILE; wb = nbdkit PLUGIN FILE (writeback,
-# defaults); hold = the same with mode=hold (4k sequential only).
+# defaults); hold = the same with mode=hold (4k sequential only);
+# null = nbdkit null of the same size, which does no work at all: the
+# floor of any nbdkit plugin on this machine in this run (rows "-null";
+# a ratio to base that no plugin can beat, see "Why BENCH_RATE").
 # Repetitions interleaved (base, wb[, hold], then the reverse order,
 # ...), medians shown; ratios are taken within each repetition.
 #
@@ -57,11 +60,11 @@ done
 
 # name | fio --rw | --bs | servers
 scenarios=(
-  "rand4k-write|randwrite|4k|base wb"
-  "seq4k-write|write|4k|base wb hold"
-  "seq64k-write|write|64k|base wb"
-  "rand64k-write|randwrite|64k|base wb"
-  "rand4k-read|randread|4k|base wb"
+  "rand4k-write|randwrite|4k|base wb null"
+  "seq4k-write|write|4k|base wb hold null"
+  "seq64k-write|write|64k|base wb null"
+  "rand64k-write|randwrite|64k|base wb null"
+  "rand4k-read|randread|4k|base wb null"
 )
 
 selected ()
@@ -87,6 +90,7 @@ measure ()
   rm -f "$stats" "$tmp/fio.json"
   case $kind in
     base) server=(file "$file") ;;
+    null) server=(null "$BENCH_SIZE") ;;
     wb)   server=("${plug_opts[@]}" "$PLUGIN" "$file" "statsfile=$stats"
                   "${plug_args[@]}") ;;
     hold) server=("${plug_opts[@]}" "$PLUGIN" "$file" mode=hold
@@ -141,6 +145,7 @@ for s in "${scenarios[@]}"; do
                           "$(field iops "${this[base]}")")"
       rc[$kind]+=" $(ratio "$(field cpu_us "${this[$kind]}")" \
                           "$(field cpu_us "${this[base]}")")"
+      [ "$kind" = null ] && continue
       ob[$kind]+=" $(ratio "$(field ios "${this[$kind]}")" \
                           "$(field bops "${this[$kind]}")")"
     done
@@ -150,9 +155,11 @@ for s in "${scenarios[@]}"; do
     [ "$kind" = base ] && continue
     row=$name
     [ "$kind" = hold ] && row="$name-hold"
+    [ "$kind" = null ] && row="$name-null"
     opsbk="-"
     # shellcheck disable=SC2086
-    case $rw in *write) opsbk=$(median ${ob[$kind]}) ;; esac
+    [ "$kind" != null ] &&
+      case $rw in *write) opsbk=$(median ${ob[$kind]}) ;; esac
     # shellcheck disable=SC2086
     range=$(printf '%s\n' ${rc[$kind]} | sort -g |
             awk 'NR == 1 { lo = $1 } { hi = $1 } END { print lo ".." hi }')

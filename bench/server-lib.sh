@@ -122,7 +122,7 @@ us_per_req ()
 # fio_measure KIND STATS FIO-ARGS...: one fio --ioengine=nbd run of
 # $BENCH_SECONDS against the server start_server started, which is then
 # stopped.  Sets fio_result to "iops=N ios=N ticks=N cpu_us=X" (the
-# server's CPU over the run) and, unless KIND is base, "cops=N bops=N
+# server's CPU over the run) and, unless KIND is base or null, "cops=N bops=N
 # conns=N" (client and backend write ops, connections) from the plug's
 # statsfile STATS.  Not in a $(...): the server is this shell's child.
 fio_measure ()
@@ -140,7 +140,7 @@ fio_measure ()
   ios=$(fio_ios "$tmp/fio.json")
   out="iops=$(fio_iops "$tmp/fio.json") ios=$ios ticks=$((t1 - t0))"
   out+=" cpu_us=$(us_per_req $((t1 - t0)) "$ios")"
-  if [ "$kind" != base ]; then
+  if [ "$kind" != base ] && [ "$kind" != null ]; then
     [ -s "$stats" ] || die "no statsfile from the $kind run"
     out+=$(jq -r '" cops=\(.client.write.ops) bops=\(.backend.write.ops)" +
                   " conns=\(.connections)"' "$stats")
