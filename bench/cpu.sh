@@ -16,10 +16,11 @@
 #
 # Servers: base = nbdkit file FILE; wb = nbdkit PLUGIN FILE (writeback,
 # defaults); hold = the same with mode=hold (4k sequential only);
-# null = nbdkit null of the same size, which does no work at all: the
-# floor of any nbdkit plugin on this machine in this run (rows "-null";
-# a ratio to base that no plugin can beat, see "Why BENCH_RATE").
-# Repetitions interleaved (base, wb[, hold], then the reverse order,
+# null = nbdkit null of the same size, which does no work at all (rows
+# "-null"): what nbdkit itself costs on this machine in this run, with
+# no plugin work (its ratio still moves with nbdkit's thread regime, so
+# a plugin can measure below it: see "Why BENCH_RATE").
+# Repetitions interleaved (base, wb[, hold], null, then the reverse order,
 # ...), medians shown; ratios are taken within each repetition.
 #
 # Environment: BENCH_REPS (5), BENCH_SECONDS (2), BENCH_SIZE (256M),
@@ -145,9 +146,9 @@ for s in "${scenarios[@]}"; do
                           "$(field iops "${this[base]}")")"
       rc[$kind]+=" $(ratio "$(field cpu_us "${this[$kind]}")" \
                           "$(field cpu_us "${this[base]}")")"
-      [ "$kind" = null ] && continue
-      ob[$kind]+=" $(ratio "$(field ios "${this[$kind]}")" \
-                          "$(field bops "${this[$kind]}")")"
+      is_plug "$kind" &&
+        ob[$kind]+=" $(ratio "$(field ios "${this[$kind]}")" \
+                            "$(field bops "${this[$kind]}")")"
     done
     unset this
   done
@@ -158,7 +159,7 @@ for s in "${scenarios[@]}"; do
     [ "$kind" = null ] && row="$name-null"
     opsbk="-"
     # shellcheck disable=SC2086
-    [ "$kind" != null ] &&
+    is_plug "$kind" &&
       case $rw in *write) opsbk=$(median ${ob[$kind]}) ;; esac
     # shellcheck disable=SC2086
     range=$(printf '%s\n' ${rc[$kind]} | sort -g |

@@ -102,7 +102,7 @@ for ((rep = 1; rep <= BENCH_REPS; rep++)); do
     this[$kc]=$(field iops "$line")
     iops[$kc]+=" ${this[$kc]}"
     cpu[$kc]+=" $(field cpu_us "$line")"
-    [ "$kind" != base ] &&
+    is_plug "$kind" &&
       opsbk[$kc]+=" $(ratio "$(field cops "$line")" "$(field bops "$line")")"
   done
   for kind in $kinds; do
@@ -120,7 +120,7 @@ range ()
 for kind in $kinds; do
   o="-"
   # shellcheck disable=SC2086
-  [ "$kind" != base ] && o=$(median ${opsbk[$kind/$MC_CONNS]})
+  is_plug "$kind" && o=$(median ${opsbk[$kind/$MC_CONNS]})
   # shellcheck disable=SC2086
   printf "$hdr" "$kind" "$(median ${iops[$kind/1]})" \
          "$(median ${iops[$kind/$MC_CONNS]})" "$(median ${scale[$kind]})" \

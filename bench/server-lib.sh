@@ -119,11 +119,19 @@ us_per_req ()
     'BEGIN { if (n > 0) printf "%.2f", t * 1e6 / hz / n; else print "-" }'
 }
 
+# is_plug KIND: the server of KIND is the plug, with a statsfile (wb,
+# hold); base (nbdkit file) and null (nbdkit null) are not.
+is_plug ()
+{
+  case $1 in wb|hold) return 0 ;; esac
+  return 1
+}
+
 # fio_measure KIND STATS FIO-ARGS...: one fio --ioengine=nbd run of
 # $BENCH_SECONDS against the server start_server started, which is then
 # stopped.  Sets fio_result to "iops=N ios=N ticks=N cpu_us=X" (the
-# server's CPU over the run) and, unless KIND is base or null, "cops=N bops=N
-# conns=N" (client and backend write ops, connections) from the plug's
+# server's CPU over the run) and, if KIND is the plug (is_plug), "cops=N
+# bops=N conns=N" (client and backend write ops, connections) from its
 # statsfile STATS.  Not in a $(...): the server is this shell's child.
 fio_measure ()
 {
@@ -140,7 +148,7 @@ fio_measure ()
   ios=$(fio_ios "$tmp/fio.json")
   out="iops=$(fio_iops "$tmp/fio.json") ios=$ios ticks=$((t1 - t0))"
   out+=" cpu_us=$(us_per_req $((t1 - t0)) "$ios")"
-  if [ "$kind" != base ] && [ "$kind" != null ]; then
+  if is_plug "$kind"; then
     [ -s "$stats" ] || die "no statsfile from the $kind run"
     out+=$(jq -r '" cops=\(.client.write.ops) bops=\(.backend.write.ops)" +
                   " conns=\(.connections)"' "$stats")
