@@ -372,6 +372,13 @@ backing_issue_run (struct backing *b, const struct plug_run *run)
   abort ();
 }
 
+bool
+backing_one_writer (const struct backing *b)
+{
+  return b->remote == NULL && !b->is_block &&
+    plug_debug_backend_delay_us == 0;
+}
+
 int
 backing_pread (struct backing *b, void *buf, uint64_t count, uint64_t offset)
 {

@@ -64,6 +64,18 @@ extern void backing_close (struct backing *b);
  */
 extern int backing_issue_run (struct backing *b, const struct plug_run *run);
 
+/* Does the kernel let only one run of b proceed at a time?  True for a
+ * local regular file: a buffered write (generic_file_write_iter, which
+ * tmpfs uses, and ext4's, xfs's and btrfs's own) and fallocate, so
+ * every write, zero and trim run, take the inode's i_rwsem exclusively:
+ * threads writing one file only take turns (the losers spin in
+ * rwsem_spin_on_owner, then sleep).  False for a block device
+ * (blkdev_write_iter takes no inode lock), for a remote (its runs
+ * overlap on the wire), and under -D plug.backend_delay_us, whose
+ * sleep stands for a backend whose operations overlap.
+ */
+extern bool backing_one_writer (const struct backing *b);
+
 /* Worker-side operations (no slots: reads never sit in a plug).  On a
  * remote they are one round trip each (aio, waiting for the answer).
  */

@@ -185,52 +185,90 @@ complete_into (struct glue_actions *a, struct eng_run *r, int err)
   pthread_mutex_unlock (&eng_lock);
 }
 
+/* Queue run r at the end of this thread's own list. */
+static void
+keep (struct eng_run ***tail, struct eng_run *r)
+{
+  r->issue_next = NULL;
+  **tail = r;
+  *tail = &r->issue_next;
+}
+
+/* Hand r to the I/O pool.  Counted first: once handed over, r may be
+ * completed and its connection closed at any moment.  False if the
+ * pool is not running.
+ */
+static bool
+to_pool (struct eng_run *r)
+{
+  uint64_t *pooled = &engine_run_stats (r)->pooled;
+
+  STATS_ADD (*pooled, 1);
+  if (iopool_submit (r))
+    return true;
+  STATS_ADD (*pooled, UINT64_MAX);      /* Not handed over after all. */
+  return false;
+}
+
 void
 glue_perform (struct glue_actions *a, uint32_t inline_runs)
 {
+  /* The runs this thread issues itself, in order, one per round: so
+   * that each round's answers go out before the next run.
+   */
+  struct eng_run *mine = NULL, **mine_tail = &mine;
+
   for (;;) {
-    struct eng_run *list, *r, *next, *mine = NULL;
+    struct eng_run *list, *r, *next;
+    const struct backing *strand = NULL;
     int err;
 
     answer_and_release (a);
     list = a->eng.issue;
-    if (list == NULL)
+    if (list == NULL && mine == NULL)
       return;
     a->eng.issue = NULL;
     a->eng.issue_tail = &a->eng.issue;
     for (r = list; r != NULL; r = next) {
-      struct remote *rem = backings[r->run->backing].remote;
+      const struct backing *b = &backings[r->run->backing];
 
       next = r->issue_next;
-      if (rem) {
+      if (b->remote) {
         /* Asynchronous: the remote's loop hands it back.  Done at once
          * (a trim the server cannot do, no connection, no memory):
          * its result goes to the engine now.
          */
-        if (!remote_submit (rem, r, &err))
+        if (!remote_submit (b->remote, r, &err))
           complete_into (a, r, err);
         continue;
       }
       if (mine == NULL && inline_runs > 0) {
-        mine = r;
-        continue;
+        /* This thread's first run, and with it every other run of this
+         * list to the same file if the kernel would make them take
+         * turns anyway: one thread writing them in a row does the same
+         * work without a pool thread's wake-up each, and without the
+         * lock's spinning (the kernel's submitter issues its whole plug
+         * list itself, blk_mq_flush_plug_list).
+         */
+        if (inline_runs != GLUE_INLINE_ALL)
+          inline_runs--;
+        if (backing_one_writer (b))
+          strand = b;
       }
-      if (iopool_submit (r))
+      else if (b != strand && to_pool (r))
         continue;
-      /* The pool is not running (server exit): issue here. */
-      if (mine == NULL)
-        mine = r;
-      else
-        glue_issue (r, GLUE_INLINE_ALL);
+      /* Here too when the pool is not running (server exit). */
+      keep (&mine_tail, r);
     }
     if (mine == NULL)
       continue;
-    if (inline_runs > 0 && inline_runs != GLUE_INLINE_ALL)
-      inline_runs--;
-
-    err = backing_issue_run (&backings[mine->run->backing], mine->run) == 0
+    r = mine;
+    mine = r->issue_next;
+    if (mine == NULL)
+      mine_tail = &mine;
+    err = backing_issue_run (&backings[r->run->backing], r->run) == 0
       ? 0 : errno;
-    complete_into (a, mine, err);
+    complete_into (a, r, err);
   }
 }
 

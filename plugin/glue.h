@@ -100,7 +100,9 @@ extern void glue_end_locked (struct glue_actions *a);
 extern void glue_kick_timer_locked (void);
 
 /* Carry out a's actions (eng_lock not held).  Issues up to `inline_runs`
- * runs in the calling thread, the rest in the pool (or all of them here
+ * runs in the calling thread, each with the other runs of its list to
+ * the same local regular file (backing_one_writer: the kernel would
+ * make them take turns), and the rest in the pool (or all of them here
  * when the pool is not running: at and after server exit).
  */
 extern void glue_perform (struct glue_actions *a, uint32_t inline_runs);

@@ -429,6 +429,12 @@ engine_conn_open (struct engine *e, struct plug_stats *stats)
   return c;
 }
 
+struct plug_stats *
+engine_run_stats (const struct eng_run *r)
+{
+  return r->conn->stats;
+}
+
 void
 engine_conn_free (struct engine *e, struct eng_conn *c)
 {

@@ -252,6 +252,12 @@ extern struct eng_conn *engine_conn_open (struct engine *e,
                                           struct plug_stats *stats)
   __attribute__ ((__nonnull__ (1, 2)));
 
+/* The statistics of the connection whose plug made r, for the issuer
+ * to count in (atomically: STATS_ADD).  Valid until r is completed.
+ */
+extern struct plug_stats *engine_run_stats (const struct eng_run *r)
+  __attribute__ ((__nonnull__ (1)));
+
 /* Free a connection whose ENG_CLOSE op was answered (asserted: it owns
  * nothing unfinished any more).
  */

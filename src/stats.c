@@ -37,6 +37,7 @@ stats_merge (struct plug_stats *into, const struct plug_stats *from)
   for (i = 0; i < PLUG_NR_REASONS; ++i)
     into->unplugs[i] += from->unplugs[i];
   into->direct += from->direct;
+  into->pooled += from->pooled;
   into->largest_requests = MAX (into->largest_requests,
                                 from->largest_requests);
   into->largest_bytes = MAX (into->largest_bytes, from->largest_bytes);
@@ -85,6 +86,7 @@ stats_json (const struct plug_stats *s, const char *mode)
              plug_reason_name (i), s->unplugs[i]);
   fprintf (fp, "\n  },\n");
   fprintf (fp, "  \"direct\": %" PRIu64 ",\n", s->direct);
+  fprintf (fp, "  \"pooled\": %" PRIu64 ",\n", s->pooled);
   fprintf (fp, "  \"largest_plug\": { \"requests\": %" PRIu64
            ", \"bytes\": %" PRIu64 " },\n",
            s->largest_requests, s->largest_bytes);
