@@ -41,9 +41,10 @@ struct plug_stats {
   uint64_t unplugs[PLUG_NR_REASONS];
   uint64_t direct;              /* Requests that could not merge and were
                                  * written without entering the plug. */
-  uint64_t pooled;              /* Local runs handed to the I/O pool
-                                 * (io-threads=), not issued by the thread
-                                 * that made them. */
+  uint64_t pooled;              /* Hand-offs of local runs to the I/O
+                                 * pool (io-threads=), not issued by the
+                                 * thread that made them; a retried run
+                                 * counts each time. */
   uint64_t largest_requests;    /* Most requests taken in one unplug. */
   uint64_t largest_bytes;       /* Most bytes taken in one unplug. */
   uint64_t held_total_ns;       /* Sum over requests of time held. */
