@@ -9,7 +9,8 @@
 #  - after a FLUSH reply it is;
 #  - after a FUA write's reply that write is in the file;
 #  - a later plain write is again only held.
-# statsfile then shows that only FLUSH and FUA (and the close) unplugged.
+# statsfile then shows that only FLUSH and FUA (and the close) unplugged:
+# no timer fired, so "still held" was the plug's doing.
 source ./functions.sh
 set -e
 set -x
@@ -25,10 +26,9 @@ img=$tmp/disk.img
 /usr/bin/python3 -c 'import sys; open(sys.argv[1], "wb").write(b"A" * (1 << 20))' "$img"
 
 cat > "$tmp/client.py" <<'EOF'
-import nbd, sys, time
+import nbd, sys
 uri, img = sys.argv[1], sys.argv[2]
 K = 65536
-start = time.monotonic()
 
 def in_file(off, size):
     with open(img, "rb") as f:
@@ -57,10 +57,6 @@ check(K, b"C", "after a FUA write's reply it is in the file")
 h.pwrite(b"D" * K, 2 * K)
 check(2 * K, b"A", "a later plain write is held again")
 
-# The check above is only meaningful if idle= could not have fired.
-elapsed = time.monotonic() - start
-if elapsed > 8:
-    sys.exit("client took %.1f s: idle=10s may have unplugged" % elapsed)
 h.shutdown()
 EOF
 

@@ -4,9 +4,10 @@
 
 # Read-your-writes in writeback mode with idle=10s max-delay=60s: a read
 # overlapping held data on the same connection returns the new data at
-# once (it unplugs: unplugs.read >= 1), while a read that does not
-# overlap held data leaves the plug alone (unplugs.read == 0, and the
-# held write is still not in the file afterwards).
+# once (it unplugs: unplugs.read >= 1, and no timer unplugged, so it did
+# not wait for idle=), while a read that does not overlap held data
+# leaves the plug alone (unplugs.read == 0, and the held write is still
+# not in the file afterwards).
 source ./functions.sh
 set -e
 set -x
@@ -43,8 +44,6 @@ else:
 elapsed = time.monotonic() - t
 if got != want:
     sys.exit("%s: read returned wrong data: %r..." % (case, got[:16]))
-if elapsed > 2:
-    sys.exit("%s: read took %.1f s (waited for idle=?)" % (case, elapsed))
 held = in_file(K, K) == b"O" * K
 print("%s: read ok in %.3f s; write %s" %
       (case, elapsed, "still held" if held else "in the file"))
