@@ -35,7 +35,8 @@
  *  - QUEUE ORDER.  A run is issued only when no unfinished run created
  *    earlier for the same file overlaps it.  With the rule above,
  *    overlapping data reaches the file in sequence order, whichever
- *    connections it came from.
+ *    connections it came from.  Kept by counting (eng_run.nr_blockers),
+ *    so that a completion never rescans the queue.
  *  - NEVER DROPPED.  "Not now" (EAGAIN, ENOMEM, EBUSY from the backend,
  *    or no free in-flight slot) leaves a run queued in its place; the
  *    file's queue is delayed (blk_delay_queue) or waits for a completion.
@@ -190,6 +191,9 @@ struct eng_run {
   struct eng_conn *conn;        /* Whose plug it came from. */
   uint64_t batch;               /* Runs of one batch never overlap. */
   uint64_t min_seq;             /* Oldest member. */
+  size_t nr_blockers;           /* QUEUE ORDER: older unfinished runs of
+                                 * its file that overlap it.  Issued only
+                                 * at 0. */
   uint64_t first_fail_ns;       /* First "not now", 0 if none. */
   uint64_t issued_ns;           /* Last issued (hold mode's pacing). */
   struct eng_run *qprev, *qnext;        /* Its file's queue. */
@@ -339,6 +343,9 @@ struct eng_counts {
                                  * connections. */
   uint64_t lost;                /* Acknowledged writes that failed for
                                  * good (since engine_new). */
+  uint64_t order_checks;        /* Range comparisons made to keep QUEUE
+                                 * ORDER (since engine_new): its cost,
+                                 * which a test can bound. */
 };
 extern void engine_counts (const struct engine *e, struct eng_counts *n)
   __attribute__ ((__nonnull__ (1, 2)));

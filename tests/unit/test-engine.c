@@ -45,15 +45,39 @@ static struct eng_run *inflight[MAX_INFLIGHT];
 static size_t nr_inflight;
 static uint64_t now = 1000 * MS;
 
+/* QUEUE ORDER as the test sees it: runs issued while an overlapping
+ * run of the same file was in flight (every test expects none).
+ */
+static unsigned order_violations;
+
+static bool
+overlaps_inflight (const struct eng_run *r)
+{
+  size_t i;
+
+  for (i = 0; i < nr_inflight; ++i) {
+    const struct plug_run *o = inflight[i]->run;
+
+    if (o->backing == r->run->backing &&
+        o->offset < r->run->offset + r->run->count &&
+        r->run->offset < o->offset + o->count)
+      return true;
+  }
+  return false;
+}
+
 static void
 perform (struct eng_actions *a)
 {
   struct eng_run *r;
   struct eng_op *op, *next;
 
-  for (r = a->issue; r != NULL; r = r->issue_next)
+  for (r = a->issue; r != NULL; r = r->issue_next) {
+    if (overlaps_inflight (r))
+      order_violations++;
     if (nr_inflight < MAX_INFLIGHT)
       inflight[nr_inflight++] = r;
+  }
   for (op = a->reply; op != NULL; op = op->reply_next) {
     struct result *res = op->waiter;
 
@@ -1071,6 +1095,91 @@ test_acked_count_bound (void)
   free_all ();
 }
 
+/* QUEUE ORDER costs each run a look at the unfinished runs around it
+ * once, not at every completion: ROUNDS rewrites of N gapped blocks,
+ * each round one batch, the later rounds queued behind the first while
+ * it is in flight, then completed one by one in a scrambled order.
+ */
+static void
+test_queue_order_cost (void)
+{
+  enum { N = 200, ROUNDS = 3 };
+  const uint64_t runs = N * ROUNDS;
+  struct eng_conn *c;
+  struct req *flush[ROUNDS];
+  struct eng_counts n;
+  unsigned round, i, answered = 0, guard = 0, before = order_violations;
+
+  e = make (ENG_WRITEBACK, MAX_INFLIGHT, 64 << 20, 1);
+  c = conn ();
+  for (round = 0; round < ROUNDS; ++round) {
+    for (i = 0; i < N; ++i)
+      submit (c, mkreq (ENG_WRITE, 0, i * 8192, 4096, 0));
+    flush[round] = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  }
+  ok (nr_inflight == N,
+      "the first round is in flight (%zu runs), the later ones wait",
+      nr_inflight);
+  while (nr_inflight > 0 && guard++ < 10 * runs)
+    complete (nr_inflight / 2, 0);
+  for (round = 0; round < ROUNDS; ++round)
+    answered += flush[round]->res.answered && flush[round]->res.err == 0;
+  ok (answered == ROUNDS, "every FLUSH succeeds (%u of %u)",
+      answered, ROUNDS);
+  ok (order_violations == before,
+      "no run was issued over an overlapping run in flight (%u)",
+      order_violations - before);
+  engine_counts (e, &n);
+  ok (n.order_checks <= runs * runs,
+      "queue order made %" PRIu64 " range comparisons for %" PRIu64
+      " runs (at most %" PRIu64 ")", n.order_checks, runs, runs * runs);
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
+/* A merged run fails and is split into its pieces: a newer run that
+ * waited for it now waits for the piece it overlaps, and only for that.
+ */
+static void
+test_split_keeps_order (void)
+{
+  struct eng_conn *c;
+  struct req *f1, *f2;
+  unsigned before = order_violations;
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  c = conn ();
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  submit (c, mkreq (ENG_WRITE, 0, 4096, 4096, 0));
+  f1 = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (nr_inflight == 1 && inflight[0]->run->count == 8192,
+      "two adjacent writes go out as one run");
+  submit (c, mkreq (ENG_WRITE, 0, 4096, 4096, 0));
+  f2 = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (nr_inflight == 1, "a newer write over the second waits for the run");
+  complete (0, EIO);
+  ok (nr_inflight == 2 && order_violations == before,
+      "the failed run is retried as its two pieces, the newer write "
+      "still waits (%zu in flight)", nr_inflight);
+  complete_at (0, 0, 0);
+  ok (nr_inflight == 1 && inflight[0]->run->offset == 4096 &&
+      order_violations == before,
+      "the piece it does not overlap does not release it");
+  complete_at (0, 4096, EIO);
+  ok (nr_inflight == 1 && inflight[0]->run->offset == 4096 &&
+      order_violations == before,
+      "the piece it overlaps does: the newer write is issued");
+  complete_all (0);
+  ok (f1->res.answered && f1->res.err == EIO,
+      "the first FLUSH reports the piece that failed (%s)",
+      strerror (f1->res.err));
+  ok (f2->res.answered, "the second FLUSH is answered");
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
 int
 main (void)
 {
@@ -1098,5 +1207,9 @@ main (void)
   test_hold_short_queue (false);
   test_hold_short_queue (true);
   test_hold_alternating ();
+  test_queue_order_cost ();
+  test_split_keeps_order ();
+  ok (order_violations == 0, "no test saw a run issued over an "
+      "overlapping run in flight (%u)", order_violations);
   return done_testing ();
 }
