@@ -13,11 +13,8 @@ source ./functions.sh
 set -e
 set -x
 
-requires test -x /usr/bin/python3
-requires /usr/bin/python3 -c 'import nbd'
-requires nbdkit --version
+requires_python_nbd
 requires test -r /proc/self/stat
-test -f "$PLUGIN"
 
 plug_tmpdir
 

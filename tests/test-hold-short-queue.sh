@@ -22,10 +22,7 @@ source ./functions.sh
 set -e
 set -x
 
-requires test -x /usr/bin/python3
-requires /usr/bin/python3 -c 'import nbd'
-requires nbdkit --version
-test -f "$PLUGIN"
+requires_python_nbd
 
 plug_tmpdir
 

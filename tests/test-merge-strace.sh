@@ -13,12 +13,9 @@ source ./functions.sh
 set -e
 set -x
 
-requires test -x /usr/bin/python3
-requires /usr/bin/python3 -c 'import nbd'
-requires nbdkit --version
+requires_python_nbd
 requires nbdkit file --version
 requires strace -f -o /dev/null true
-test -f "$PLUGIN"
 
 plug_tmpdir
 

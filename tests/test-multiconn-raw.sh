@@ -32,13 +32,7 @@
 source ./functions.sh
 set -e
 
-requires test -x /usr/bin/python3
-requires /usr/bin/python3 -c 'import nbd'
-requires nbdkit --version
-if [ ! -f "$PLUGIN" ]; then
-  echo "$0: plugin $PLUGIN not built: test skipped"
-  exit 77
-fi
+requires_python_nbd
 
 plug_tmpdir
 

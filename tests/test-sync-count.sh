@@ -31,11 +31,8 @@ source ./functions.sh
 set -e
 set -x
 
-requires test -x /usr/bin/python3
-requires /usr/bin/python3 -c 'import nbd'
-requires nbdkit --version
+requires_python_nbd
 requires strace -ff -o /dev/null true
-test -f "$PLUGIN"
 
 plug_tmpdir
 
