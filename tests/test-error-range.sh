@@ -199,9 +199,15 @@ errors=$(grep -ci 'error' "$(server_log failing)" || :)
 echo "VmHWM: healthy $hwm_ok kB, every write failing $hwm_fail kB;" \
      "error lines in the log: $errors"
 grep -i 'error' "$(server_log failing)" | head -5 || :
+# Under AddressSanitizer freed blocks wait in its quarantine (256 MiB)
+# before they are reused, and the two runs free differently (up to 111
+# MiB apart in 10 runs); 200 MiB still fails a plug that keeps its
+# failed writes (311 MiB apart).
+rel_mib=32
+case ${PLUG_SANITIZER:-no} in address*) rel_mib=200 ;; esac
 if [ -n "$hwm_ok" ] && [ -n "$hwm_fail" ]; then
-  if [ "$hwm_fail" -gt $((hwm_ok + 32 * 1024)) ]; then
-    echo "$0: failing writes took nbdkit to $hwm_fail kB, $(( (hwm_fail - hwm_ok) / 1024 )) MiB above the healthy run (bound: 32 MiB)"
+  if [ "$hwm_fail" -gt $((hwm_ok + rel_mib * 1024)) ]; then
+    echo "$0: failing writes took nbdkit to $hwm_fail kB, $(( (hwm_fail - hwm_ok) / 1024 )) MiB above the healthy run (bound: $rel_mib MiB)"
     failed+=(rss-relative)
   fi
   if [ -z "${PLUG_SANITIZER:-}" ] || [ "${PLUG_SANITIZER}" = no ]; then
