@@ -72,6 +72,8 @@ enum file_state {
 
 struct eng_file {
   struct eng_run *head, *tail;  /* Unfinished runs, creation order. */
+  struct eng_run *blocked;      /* The runs with nr_blockers > 0, in no
+                                 * order. */
   unsigned inflight;
   unsigned max_inflight;
   uint64_t nr_queued;
@@ -191,7 +193,8 @@ static void queue_dispatch (struct engine *e, uint32_t b, uint64_t now,
                             bool force, struct eng_actions *out);
 static void check_waiters (struct engine *e, uint64_t now,
                            struct eng_actions *out);
-static void release_blocked (struct engine *e, const struct eng_run *r);
+static void release_blocked (struct engine *e, struct eng_file *f,
+                             struct eng_run *r);
 
 /* ---- small helpers ---- */
 
@@ -569,7 +572,7 @@ run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
   struct eng_file *f = &e->files[r->run->backing];
   size_t i;
 
-  release_blocked (e, r);
+  release_blocked (e, f, r);
   if (r->qprev)
     r->qprev->qnext = r->qnext;
   else
@@ -600,15 +603,19 @@ run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
 
 /* ---- queues ---- */
 
-/* QUEUE ORDER, kept by counting: a run queued counts once the older
- * unfinished runs that overlap it (nr_blockers), and a run that
- * finishes lets go of the newer ones it overlaps.  Dispatch then needs
- * no rescan: a queued run with no blockers is free to go.  The queue is
- * in creation order and one batch's runs are contiguous and never
- * overlap, so only other batches count.  Each run costs two passes
- * over its file's unfinished runs, where a rescan at every dispatch
- * cost every completion a pass per queued run (minutes under eng_lock
- * with thousands of runs queued behind older overlapping ones).
+/* QUEUE ORDER, kept by counting: a run counts, when it is queued, the
+ * older unfinished runs of its file that overlap it (nr_blockers), and
+ * a run that finishes lets go of the newer runs it overlaps.  A queued
+ * run with no blockers is free to go, so dispatch never rescans.  The
+ * work stays near what overlaps:
+ *  - counting: an unplug's runs of one file are sorted by offset and
+ *    disjoint (NO OVERLAP IN PLUGS), so each older run finds the new
+ *    runs it overlaps by binary search;
+ *  - releasing: only blocked runs can be waiting for the finishing one
+ *    (a run in flight or free to go waits for nothing), and they are
+ *    on a list of their own.
+ * Batches are numbered in creation order and a batch's runs never
+ * overlap, so "older" is a smaller batch number.
  */
 static bool
 order_overlap (struct engine *e, const struct eng_run *a,
@@ -620,54 +627,110 @@ order_overlap (struct engine *e, const struct eng_run *a,
                     b->run->offset, b->run->count);
 }
 
-/* The runs before r (r is in its queue, or its tail is where it goes)
- * that overlap it.
+static void
+blocked_add (struct eng_file *f, struct eng_run *r)
+{
+  assert (r->nr_blockers > 0);
+  r->bprev = NULL;
+  r->bnext = f->blocked;
+  if (f->blocked)
+    f->blocked->bprev = r;
+  f->blocked = r;
+}
+
+static void
+blocked_remove (struct eng_file *f, struct eng_run *r)
+{
+  if (r->bprev)
+    r->bprev->bnext = r->bnext;
+  else
+    f->blocked = r->bnext;
+  if (r->bnext)
+    r->bnext->bprev = r->bprev;
+  r->bprev = r->bnext = NULL;
+}
+
+/* q waits for delta more (or fewer) older runs. */
+static void
+add_blockers (struct eng_file *f, struct eng_run *q, long delta)
+{
+  size_t was = q->nr_blockers;
+
+  assert (delta >= 0 || (size_t) -delta <= was);
+  q->nr_blockers = was + delta;
+  if (was == 0 && q->nr_blockers > 0)
+    blocked_add (f, q);
+  else if (was > 0 && q->nr_blockers == 0)
+    blocked_remove (f, q);
+}
+
+/* r finishes: every newer run that overlapped it has one blocker
+ * less.
  */
+static void
+release_blocked (struct engine *e, struct eng_file *f, struct eng_run *r)
+{
+  struct eng_run *q, *next;
+
+  if (r->nr_blockers > 0)
+    blocked_remove (f, r);
+  for (q = f->blocked; q != NULL; q = next) {
+    next = q->bnext;
+    if (q->batch > r->batch && order_overlap (e, r, q))
+      add_blockers (f, q, -1);
+  }
+}
+
+/* The first of the n sorted, disjoint runs v[] that ends after offset. */
 static size_t
-count_blockers (struct engine *e, const struct eng_file *f,
-                const struct eng_run *r)
+first_ending_after (struct engine *e, struct plug_run *const *v, size_t n,
+                    uint64_t offset)
+{
+  size_t lo = 0, hi = n;
+
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+
+    e->order_checks++;
+    if (v[mid]->offset + v[mid]->count <= offset)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* The n runs v[] of one unplug, queued to file f (sorted by offset,
+ * disjoint), count the older runs of f that overlap them.
+ */
+static void
+count_blockers (struct engine *e, struct eng_file *f, uint64_t batch,
+                struct plug_run *const *v, size_t n)
 {
   const struct eng_run *o;
-  size_t n = 0;
+  size_t i;
 
-  for (o = f->head; o != NULL && o != r && o->batch != r->batch;
-       o = o->qnext)
-    n += order_overlap (e, o, r);
-  return n;
-}
+  for (o = f->head; o != NULL && o->batch != batch; o = o->qnext) {
+    uint64_t end = o->run->offset + o->run->count;
 
-/* r finishes (or gives way to the pieces split_run makes of it): every
- * newer run that overlapped it has one blocker less.
- */
-static void
-release_blocked (struct engine *e, const struct eng_run *r)
-{
-  struct eng_run *q;
-
-  for (q = r->qnext; q != NULL; q = q->qnext)
-    if (order_overlap (e, r, q)) {
-      assert (q->nr_blockers > 0);
-      q->nr_blockers--;
+    for (i = first_ending_after (e, v, n, o->run->offset);
+         i < n && v[i]->offset < end; ++i) {
+      e->order_checks++;
+      add_blockers (f, run_of (v[i]), 1);
     }
+  }
 }
 
-/* Every run from q on that overlaps r has one blocker more. */
-static void
-block_newer (struct engine *e, struct eng_run *q, const struct eng_run *r)
-{
-  for (; q != NULL; q = q->qnext)
-    q->nr_blockers += order_overlap (e, r, q);
-}
-
-/* Run r takes the queue's tail.  known_free: the caller checked that
- * no unfinished run of the file overlaps it (the direct path).
+/* Run r takes the queue's tail, blocked by nothing yet (conn_unplug
+ * counts its runs' blockers once they are all queued).
  */
 static void
-queue_append (struct engine *e, struct eng_run *r, bool known_free)
+queue_append (struct engine *e, struct eng_run *r)
 {
   struct eng_file *f = &e->files[r->run->backing];
 
-  r->nr_blockers = known_free ? 0 : count_blockers (e, f, r);
+  r->nr_blockers = 0;
+  r->bprev = r->bnext = NULL;
   r->qnext = NULL;
   r->qprev = f->tail;
   if (f->tail)
@@ -810,7 +873,7 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
              uint64_t now, struct eng_actions *out)
 {
   plug_run_vector runs = empty_vector;
-  size_t i, nreqs = c->plug.reqs.len;
+  size_t i, j, nreqs = c->plug.reqs.len;
   uint64_t bytes = c->plug.bytes, batch;
 
   if (plug_is_empty (&c->plug))
@@ -846,7 +909,15 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
     for (k = 0; k < pr->n; ++k)
       r->min_seq = MIN (r->min_seq, pr->reqs[k]->seq);
     r->flush_fua = false;         /* mark_flush_fua decides. */
-    queue_append (e, r, false);
+    queue_append (e, r);
+  }
+  /* runs is sorted by file, then offset: one segment per file. */
+  for (i = 0; i < runs.len; i = j) {
+    for (j = i + 1; j < runs.len && runs.ptr[j]->backing == runs.ptr[i]->backing;
+         ++j)
+      ;
+    count_blockers (e, &e->files[runs.ptr[i]->backing], batch,
+                    &runs.ptr[i], j - i);
   }
   for (i = 0; i < runs.len; ++i)
     if (i == 0 || runs.ptr[i]->backing != runs.ptr[i-1]->backing)
@@ -1108,7 +1179,7 @@ issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
     r->conn = c;
     r->batch = e->next_batch++;
     r->min_seq = op->seq;
-    queue_append (e, r, true);
+    queue_append (e, r);
     run_issue (&e->files[r->run->backing], r, now, out);
   }
   return 0;
@@ -1428,6 +1499,29 @@ note_progress (struct engine *e, uint64_t now)
     e->shutdown_deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
 }
 
+/* Run r is about to be replaced by its pieces (the list made): each
+ * newer run that waited for r waits for the pieces that overlap it
+ * instead.
+ */
+static void
+rewait_on_pieces (struct engine *e, struct eng_file *f,
+                  const struct eng_run *r, const struct eng_run *made)
+{
+  struct eng_run *q, *next;
+  const struct eng_run *n;
+
+  for (q = f->blocked; q != NULL; q = next) {
+    long k = 0;
+
+    next = q->bnext;
+    if (q->batch <= r->batch || !order_overlap (e, r, q))
+      continue;
+    for (n = made; n != NULL; n = n->qnext)
+      k += order_overlap (e, n, q);
+    add_blockers (f, q, k - 1);
+  }
+}
+
 /* A merged run failed with a real error: put its members back in its
  * place as runs of their own (same batch, so the order rules hold), so
  * that the failure stays with the range that failed and its neighbours
@@ -1456,15 +1550,11 @@ split_run (struct engine *e, struct eng_file *f, struct eng_run *r)
     n->min_seq = p->seq;
     /* r was in flight, so no older run overlapped it, nor its pieces. */
     n->nr_blockers = 0;
+    n->bprev = n->bnext = NULL;
     n->qnext = made;
     made = n;
   }
-  /* The newer runs that waited for r wait for the pieces that overlap
-   * them instead.
-   */
-  release_blocked (e, r);
-  for (n = made; n != NULL; n = n->qnext)
-    block_newer (e, r->qnext, n);
+  rewait_on_pieces (e, f, r, made);
   /* Replace r by the list, in offset order, where r stood. */
   prev = r->qprev;
   for (n = made; n != NULL; n = n->qnext) {

@@ -35,8 +35,9 @@
  *  - QUEUE ORDER.  A run is issued only when no unfinished run created
  *    earlier for the same file overlaps it.  With the rule above,
  *    overlapping data reaches the file in sequence order, whichever
- *    connections it came from.  Kept by counting (eng_run.nr_blockers),
- *    so that a completion never rescans the queue.
+ *    connections it came from.  Kept by counting (eng_run.nr_blockers,
+ *    engine.c "QUEUE ORDER, kept by counting"), so that no completion
+ *    rescans the queue.
  *  - NEVER DROPPED.  "Not now" (EAGAIN, ENOMEM, EBUSY from the backend,
  *    or no free in-flight slot) leaves a run queued in its place; the
  *    file's queue is delayed (blk_delay_queue) or waits for a completion.
@@ -194,6 +195,8 @@ struct eng_run {
   size_t nr_blockers;           /* QUEUE ORDER: older unfinished runs of
                                  * its file that overlap it.  Issued only
                                  * at 0. */
+  struct eng_run *bprev, *bnext;        /* Its file's blocked runs (those
+                                         * with nr_blockers > 0). */
   uint64_t first_fail_ns;       /* First "not now", 0 if none. */
   uint64_t issued_ns;           /* Last issued (hold mode's pacing). */
   struct eng_run *qprev, *qnext;        /* Its file's queue. */

@@ -96,6 +96,9 @@ perform (struct eng_actions *a)
  */
 static uint64_t make_max_delay_ns = 60000 * MS;
 
+/* max-requests= of the next engine made. */
+static unsigned make_max_requests = 256;
+
 static struct engine *
 make (enum eng_mode mode, unsigned max_inflight, uint64_t max_bytes,
       uint32_t files)
@@ -105,7 +108,7 @@ make (enum eng_mode mode, unsigned max_inflight, uint64_t max_bytes,
     .nr_backings = files,
     .idle_ns = 10000 * MS,
     .max_delay_ns = make_max_delay_ns,
-    .lim = { .max_requests = 256, .max_bytes = max_bytes,
+    .lim = { .max_requests = make_max_requests, .max_bytes = max_bytes,
              .max_merge = 1 << 20, .max_iov = 1024 },
     .max_inflight = max_inflight,
     .direct = false,
@@ -1180,6 +1183,56 @@ test_split_keeps_order (void)
   free_all ();
 }
 
+/* Large batches cost QUEUE ORDER about what overlaps, not the square
+ * of their size: connection A's N gapped writes go out in one batch,
+ * one run at a time (max-inflight=1); connection C's M gapped writes
+ * elsewhere are queued behind them in one batch; everything drains.
+ */
+static void
+test_queue_order_large_batches (void)
+{
+  enum { N = 2000, M = 2000 };
+  struct eng_conn *a, *c;
+  struct req *fa, *fc;
+  struct eng_counts n;
+  unsigned i, guard = 0, before = order_violations;
+  uint64_t checks;
+
+  make_max_requests = 4096;
+  e = make (ENG_WRITEBACK, 1, 64 << 20, 1);
+  make_max_requests = 256;
+  a = conn ();
+  c = conn ();
+  for (i = 0; i < N; ++i)
+    submit (a, mkreq (ENG_WRITE, 0, i * 8192, 4096, 0));
+  fa = submit (a, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  engine_counts (e, &n);
+  checks = n.order_checks;
+  ok (nr_inflight == 1 && n.queued == N - 1,
+      "A's %u runs are queued, one is in flight", N);
+  for (i = 0; i < M; ++i)
+    submit (c, mkreq (ENG_WRITE, 0, (2 * N + i) * 8192ULL, 4096, 0));
+  fc = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  engine_counts (e, &n);
+  ok (n.queued == N + M - 1 && n.order_checks - checks <= 16 * (N + M),
+      "queueing C's %u runs behind them took %" PRIu64 " comparisons "
+      "(at most %u)", M, n.order_checks - checks, 16 * (N + M));
+  checks = n.order_checks;
+  while (nr_inflight > 0 && guard++ < 2 * (N + M))
+    complete (0, 0);
+  engine_counts (e, &n);
+  ok (fa->res.answered && fc->res.answered && n.queued == 0,
+      "both FLUSHes are answered");
+  ok (n.order_checks - checks <= N + M,
+      "draining %u runs took %" PRIu64 " comparisons (at most %u)",
+      N + M, n.order_checks - checks, N + M);
+  ok (order_violations == before, "in queue order");
+  close_conn (a, 0);
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
 int
 main (void)
 {
@@ -1209,6 +1262,7 @@ main (void)
   test_hold_alternating ();
   test_queue_order_cost ();
   test_split_keeps_order ();
+  test_queue_order_large_batches ();
   ok (order_violations == 0, "no test saw a run issued over an "
       "overlapping run in flight (%u)", order_violations);
   return done_testing ();
