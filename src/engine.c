@@ -607,15 +607,18 @@ run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
  * older unfinished runs of its file that overlap it (nr_blockers), and
  * a run that finishes lets go of the newer runs it overlaps.  A queued
  * run with no blockers is free to go, so dispatch never rescans.  The
- * work stays near what overlaps:
- *  - counting: an unplug's runs of one file are sorted by offset and
- *    disjoint (NO OVERLAP IN PLUGS), so each older run finds the new
+ * cost per event is linear, never quadratic:
+ *  - an unplug: its runs of one file are sorted by offset and disjoint
+ *    (NO OVERLAP IN PLUGS), so each older run of the file finds the new
  *    runs it overlaps by binary search;
- *  - releasing: only blocked runs can be waiting for the finishing one
- *    (a run in flight or free to go waits for nothing), and they are
- *    on a list of their own.
- * Batches are numbered in creation order and a batch's runs never
- * overlap, so "older" is a smaller batch number.
+ *  - a completion: only blocked runs can be waiting for the finishing
+ *    one (a run in flight or free to go waits for nothing), and they
+ *    are on a list of their own, which it walks.
+ * Both walks are whole lists: thousands of runs blocked behind older
+ * ones still cost each completion in their file a pass over them.  An
+ * index of the unfinished runs by offset would bring both down to what
+ * overlaps.  Batches are numbered in creation order and a batch's runs
+ * never overlap, so "older" is a smaller batch number.
  */
 static bool
 order_overlap (struct engine *e, const struct eng_run *a,
@@ -676,7 +679,10 @@ release_blocked (struct engine *e, struct eng_file *f, struct eng_run *r)
     blocked_remove (f, r);
   for (q = f->blocked; q != NULL; q = next) {
     next = q->bnext;
-    if (q->batch > r->batch && order_overlap (e, r, q))
+    e->order_checks++;
+    if (q->batch > r->batch &&
+        ranges_overlap (r->run->offset, r->run->count,
+                        q->run->offset, q->run->count))
       add_blockers (f, q, -1);
   }
 }
@@ -712,6 +718,8 @@ count_blockers (struct engine *e, struct eng_file *f, uint64_t batch,
 
   for (o = f->head; o != NULL && o->batch != batch; o = o->qnext) {
     uint64_t end = o->run->offset + o->run->count;
+
+    e->order_checks++;
 
     for (i = first_ending_after (e, v, n, o->run->offset);
          i < n && v[i]->offset < end; ++i) {

@@ -1098,8 +1098,9 @@ test_acked_count_bound (void)
   free_all ();
 }
 
-/* QUEUE ORDER costs each run a look at the unfinished runs around it
- * once, not at every completion: ROUNDS rewrites of N gapped blocks,
+/* QUEUE ORDER costs each completion at most a pass over its file's
+ * blocked runs, never a rescan of the queue per queued run (N^3 here):
+ * ROUNDS rewrites of N gapped blocks,
  * each round one batch, the later rounds queued behind the first while
  * it is in flight, then completed one by one in a scrambled order.
  */
