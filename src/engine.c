@@ -620,14 +620,16 @@ run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
  * overlaps.  Batches are numbered in creation order and a batch's runs
  * never overlap, so "older" is a smaller batch number.
  */
+/* Does q wait for r (q is newer and overlaps it)?  One step of
+ * order_checks.
+ */
 static bool
-order_overlap (struct engine *e, const struct eng_run *a,
-               const struct eng_run *b)
+waits_for (struct engine *e, const struct eng_run *q, const struct eng_run *r)
 {
   e->order_checks++;
-  return a->batch != b->batch &&
-    ranges_overlap (a->run->offset, a->run->count,
-                    b->run->offset, b->run->count);
+  return q->batch > r->batch &&
+    ranges_overlap (q->run->offset, q->run->count,
+                    r->run->offset, r->run->count);
 }
 
 static void
@@ -679,10 +681,7 @@ release_blocked (struct engine *e, struct eng_file *f, struct eng_run *r)
     blocked_remove (f, r);
   for (q = f->blocked; q != NULL; q = next) {
     next = q->bnext;
-    e->order_checks++;
-    if (q->batch > r->batch &&
-        ranges_overlap (r->run->offset, r->run->count,
-                        q->run->offset, q->run->count))
+    if (waits_for (e, q, r))
       add_blockers (f, q, -1);
   }
 }
@@ -720,7 +719,6 @@ count_blockers (struct engine *e, struct eng_file *f, uint64_t batch,
     uint64_t end = o->run->offset + o->run->count;
 
     e->order_checks++;
-
     for (i = first_ending_after (e, v, n, o->run->offset);
          i < n && v[i]->offset < end; ++i) {
       e->order_checks++;
@@ -919,17 +917,17 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
     r->flush_fua = false;         /* mark_flush_fua decides. */
     queue_append (e, r);
   }
-  /* runs is sorted by file, then offset: one segment per file. */
+  /* runs is sorted by file, then offset: one segment per file, whose
+   * runs wait for what they must before the file's queue runs.
+   */
   for (i = 0; i < runs.len; i = j) {
-    for (j = i + 1; j < runs.len && runs.ptr[j]->backing == runs.ptr[i]->backing;
-         ++j)
+    uint32_t b = runs.ptr[i]->backing;
+
+    for (j = i + 1; j < runs.len && runs.ptr[j]->backing == b; ++j)
       ;
-    count_blockers (e, &e->files[runs.ptr[i]->backing], batch,
-                    &runs.ptr[i], j - i);
+    count_blockers (e, &e->files[b], batch, &runs.ptr[i], j - i);
+    queue_dispatch (e, b, now, false, out);
   }
-  for (i = 0; i < runs.len; ++i)
-    if (i == 0 || runs.ptr[i]->backing != runs.ptr[i-1]->backing)
-      queue_dispatch (e, runs.ptr[i]->backing, now, false, out);
   plug_run_vector_reset (&runs);
 }
 
@@ -1522,10 +1520,10 @@ rewait_on_pieces (struct engine *e, struct eng_file *f,
     long k = 0;
 
     next = q->bnext;
-    if (q->batch <= r->batch || !order_overlap (e, r, q))
+    if (!waits_for (e, q, r))
       continue;
     for (n = made; n != NULL; n = n->qnext)
-      k += order_overlap (e, n, q);
+      k += waits_for (e, q, n);
     add_blockers (f, q, k - 1);
   }
 }

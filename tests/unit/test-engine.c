@@ -469,6 +469,17 @@ test_eagain_at_close (void)
   free_all ();
 }
 
+/* Two adjacent writes at [0, 8K) on file 0, then a FLUSH that sends
+ * them out (merged into one run); returns the FLUSH.
+ */
+static struct req *
+flush_two_adjacent (struct eng_conn *c)
+{
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  submit (c, mkreq (ENG_WRITE, 0, 4096, 4096, 0));
+  return submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+}
+
 static void
 test_failing_neighbour (void)
 {
@@ -479,9 +490,7 @@ test_failing_neighbour (void)
 
   e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
   c = conn ();
-  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
-  submit (c, mkreq (ENG_WRITE, 0, 4096, 4096, 0));
-  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  f = flush_two_adjacent (c);
   ok (nr_inflight == 1 && inflight[0]->run->n == 2,
       "two adjacent writes merge into one run");
   complete (0, ENOSPC);
@@ -1154,9 +1163,7 @@ test_split_keeps_order (void)
 
   e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
   c = conn ();
-  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
-  submit (c, mkreq (ENG_WRITE, 0, 4096, 4096, 0));
-  f1 = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  f1 = flush_two_adjacent (c);
   ok (nr_inflight == 1 && inflight[0]->run->count == 8192,
       "two adjacent writes go out as one run");
   submit (c, mkreq (ENG_WRITE, 0, 4096, 4096, 0));
