@@ -1,0 +1,221 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
+/* engine-harness: the plumbing that the engine's unit tests play (see
+ * engine-harness.h).
+ */
+
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine-harness.h"
+
+char data[1 << 20];
+struct engine *e;
+struct eng_run *inflight[MAX_INFLIGHT];
+size_t nr_inflight;
+uint64_t now = 1000 * MS;
+
+unsigned order_violations;
+
+static bool
+overlaps_inflight (const struct eng_run *r)
+{
+  size_t i;
+
+  for (i = 0; i < nr_inflight; ++i) {
+    const struct plug_run *o = inflight[i]->run;
+
+    if (o->backing == r->run->backing &&
+        o->offset < r->run->offset + r->run->count &&
+        r->run->offset < o->offset + o->count)
+      return true;
+  }
+  return false;
+}
+
+void
+perform (struct eng_actions *a)
+{
+  struct eng_run *r;
+  struct eng_op *op, *next;
+
+  for (r = a->issue; r != NULL; r = r->issue_next) {
+    if (overlaps_inflight (r))
+      order_violations++;
+    if (nr_inflight < MAX_INFLIGHT)
+      inflight[nr_inflight++] = r;
+  }
+  for (op = a->reply; op != NULL; op = op->reply_next) {
+    struct result *res = op->waiter;
+
+    res->answered = true;
+    res->err = op->err;
+  }
+  for (op = a->release; op != NULL; op = next) {
+    next = op->release_next;
+    ((struct result *) op->waiter)->released = true;
+  }
+  eng_actions_init (a);
+}
+
+/* Longer than idle= but where a test needs the other order. */
+uint64_t make_max_delay_ns = 60000 * MS;
+
+unsigned make_max_requests = 256;
+
+struct engine *
+make (enum eng_mode mode, unsigned max_inflight, uint64_t max_bytes,
+      uint32_t files)
+{
+  struct eng_config cfg = {
+    .mode = mode,
+    .nr_backings = files,
+    .idle_ns = 10000 * MS,
+    .max_delay_ns = make_max_delay_ns,
+    .lim = { .max_requests = make_max_requests, .max_bytes = max_bytes,
+             .max_merge = 1 << 20, .max_iov = 1024 },
+    .max_inflight = max_inflight,
+    .direct = false,
+    .retry = { .delay_ns = 3 * MS, .max_delay_ns = 100 * MS,
+               .timeout_ns = 1000 * MS },
+  };
+
+  nr_inflight = 0;
+  return engine_new (&cfg);
+}
+
+struct plug_stats stats;
+
+/* Every request made, freed when its test is over (a released op's
+ * result is still read after the engine let it go).
+ */
+static struct req *all[1 << 16];
+static size_t nr_all;
+
+void
+free_all (void)
+{
+  while (nr_all > 0)
+    free (all[--nr_all]);
+}
+
+/* A request on file `file` at [off, off+len). */
+struct req *
+mkreq (enum eng_kind kind, uint32_t file, uint64_t off, uint64_t len,
+       uint32_t flags)
+{
+  struct req *q = calloc (1, sizeof *q);
+
+  if (q == NULL || nr_all == sizeof all / sizeof all[0])
+    abort ();
+  all[nr_all++] = q;
+
+  q->op.kind = kind;
+  q->op.flags = flags;
+  q->op.offset = off;
+  q->op.count = len;
+  q->op.waiter = &q->res;
+  if (len > 0) {
+    q->op.nr_pieces = 1;
+    q->op.pieces = q->piece;
+    q->piece[0].op = kind <= ENG_TRIM ? (enum plug_op) kind : PLUG_OP_WRITE;
+    q->piece[0].backing = file;
+    q->piece[0].offset = off;
+    q->piece[0].count = len;
+    q->piece[0].buf = kind == ENG_WRITE ? data : NULL;
+    if (kind == ENG_WRITE && !(flags & ENG_F_FUA))
+      q->op.bytes = len;
+    if (flags & ENG_F_FAST)
+      q->piece[0].flags = PLUG_F_FAST;
+  }
+  return q;
+}
+
+struct req *
+submit (struct eng_conn *c, struct req *q)
+{
+  struct eng_actions a;
+
+  eng_actions_init (&a);
+  if (engine_submit (e, c, &q->op, now, &a) == -1) {
+    q->res.answered = q->res.released = true;
+    q->res.err = errno;
+  }
+  perform (&a);
+  return q;
+}
+
+/* Complete in-flight run i with err. */
+void
+complete (size_t i, int err)
+{
+  struct eng_actions a;
+  struct eng_run *r = inflight[i];
+
+  inflight[i] = inflight[--nr_inflight];
+  eng_actions_init (&a);
+  engine_complete (e, r, err, now, &a);
+  perform (&a);
+}
+
+void
+complete_all (int err)
+{
+  while (nr_inflight > 0)
+    complete (0, err);
+}
+
+/* Complete the in-flight run of file b at offset off with err. */
+void
+complete_at (uint32_t b, uint64_t off, int err)
+{
+  size_t i;
+
+  for (i = 0; i < nr_inflight; ++i)
+    if (inflight[i]->run->backing == b && inflight[i]->run->offset == off) {
+      complete (i, err);
+      return;
+    }
+  printf ("Bail out! no run of file %" PRIu32 " at %" PRIu64 " in flight\n",
+          b, off);
+  exit (1);
+}
+
+void
+tick (uint64_t advance)
+{
+  struct eng_actions a;
+
+  now += advance;
+  eng_actions_init (&a);
+  engine_tick (e, now, &a);
+  perform (&a);
+}
+
+struct eng_conn *
+conn (void)
+{
+  return engine_conn_open (e, &stats);
+}
+
+void
+close_conn (struct eng_conn *c, int completion)
+{
+  struct req *q = submit (c, mkreq (ENG_CLOSE, 0, 0, 0, 0));
+  int guard = 0;
+
+  while (!q->res.answered && guard++ < 1000) {
+    complete_all (completion);
+    tick (500 * MS);
+  }
+  engine_conn_free (e, c);
+}

@@ -1,0 +1,503 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
+/* test-engine-model: the engine against a model of the disk, in random
+ * scenarios.  Each seed picks a configuration (1-3 files, 1-8
+ * connections, the direct path or not, max-requests, max-merge,
+ * max-iov, max-inflight, how often runs fail with EIO or EAGAIN) and
+ * then a few thousand random steps: writes, zeroes and trims of one to
+ * three pieces (FUA, fast zero, may-trim), FLUSHes, reads, closes,
+ * completions with those errors, and time passing.  The model records,
+ * per 512-byte sector, the sequence number of the mutation last written
+ * there, and checks:
+ *  - QUEUE ORDER: a run never overwrites a sector already written by a
+ *    newer mutation, and is never issued over an overlapping run in
+ *    flight (the harness's order_violations);
+ *  - SEQUENCE NUMBERS: a FLUSH is answered only when every mutation up
+ *    to its horizon has finished;
+ *  - NEVER DROPPED: every admitted piece is written, or its op carries
+ *    an error;
+ *  - in the end, once every run completed: each sector holds the newest
+ *    mutation whose piece was written, every FLUSH and CLOSE was
+ *    answered, and nothing is held, queued or in flight.
+ * Seeds are fixed, so a failure names the seed that reproduces it:
+ * `test-engine-model SEED` runs that one alone, printing each step.
+ */
+
+#include <config.h>
+
+#include <errno.h>
+#include <stdarg.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine-harness.h"
+#include "tap.h"
+
+#define NR_SEEDS 500
+#define NR_STEPS 3000
+#define MAX_FILES 3
+#define MAX_CONNS 8
+#define MAX_PIECES 3
+#define SECTOR 512
+#define NR_SECTORS 96
+#define MAX_OPS 8192
+
+/* One op of the model: freed when its seed is over. */
+struct mop {
+  struct eng_op op;
+  struct plug_req piece[MAX_PIECES];
+  struct result res;
+  bool written[MAX_PIECES];     /* The piece's run completed with 0. */
+  bool flush_checked;           /* FLUSH: its answer was checked. */
+};
+
+/* The state of one seed. */
+static struct mop *ops[MAX_OPS];
+static size_t nr_ops;
+static uint64_t disk[MAX_FILES][NR_SECTORS];    /* Seq last written. */
+static unsigned nr_files;
+static uint64_t rng;
+static bool verbose;
+
+/* What went wrong in this seed (0: nothing), and the first message. */
+static unsigned failures;
+static char first_failure[256];
+
+static void __attribute__ ((format (printf, 1, 2)))
+fail (const char *fs, ...)
+{
+  va_list ap;
+
+  if (failures++ == 0) {
+    va_start (ap, fs);
+    vsnprintf (first_failure, sizeof first_failure, fs, ap);
+    va_end (ap);
+  }
+}
+
+/* xorshift64: deterministic per seed, on every machine. */
+static unsigned
+rnd (unsigned n)
+{
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return n ? (unsigned) (rng % n) : 0;
+}
+
+static bool
+pieces_overlap (const struct plug_req *a, const struct plug_req *b)
+{
+  return a->backing == b->backing &&
+    a->offset < b->offset + b->count && b->offset < a->offset + a->count;
+}
+
+/* A random range of whole sectors, sometimes long, inside the file. */
+static void
+random_range (struct plug_req *p)
+{
+  unsigned start = rnd (NR_SECTORS - 1);
+  unsigned len = 1 + rnd (rnd (4) == 0 ? 32 : 6);
+
+  if (start + len > NR_SECTORS)
+    len = NR_SECTORS - start;
+  p->backing = rnd (nr_files);
+  p->offset = (uint64_t) start * SECTOR;
+  p->count = (uint64_t) len * SECTOR;
+}
+
+static struct mop *
+new_op (enum eng_kind kind, uint32_t flags)
+{
+  struct mop *q = calloc (1, sizeof *q);
+  size_t n, i, j;
+
+  if (q == NULL || nr_ops == MAX_OPS)
+    abort ();
+  ops[nr_ops++] = q;
+  q->op.kind = kind;
+  q->op.flags = flags;
+  q->op.waiter = &q->res;
+  if (kind == ENG_FLUSH || kind == ENG_CLOSE)
+    return q;
+
+  /* Pieces of one op never overlap (layout.c maps an export range to
+   * distinct ranges of the files).
+   */
+  n = kind == ENG_READ || rnd (4) != 0 ? 1 : 1 + rnd (MAX_PIECES);
+  for (i = 0; i < n; ++i) {
+    struct plug_req *p = &q->piece[i];
+
+    random_range (p);
+    for (j = 0; j < i; ++j)
+      if (pieces_overlap (p, &q->piece[j]))
+        break;
+    if (j < i)
+      break;
+    p->op = kind <= ENG_TRIM ? (enum plug_op) kind : PLUG_OP_WRITE;
+    p->buf = kind == ENG_WRITE ? data : NULL;
+    if (flags & ENG_F_FAST)
+      p->flags = PLUG_F_FAST;
+    if (kind == ENG_WRITE && !(flags & ENG_F_FUA))
+      q->op.bytes += p->count;
+  }
+  q->op.nr_pieces = i;
+  q->op.pieces = q->piece;
+  q->op.offset = q->piece[0].offset;
+  q->op.count = q->piece[0].count;
+  return q;
+}
+
+static bool
+is_mutation (const struct mop *q)
+{
+  return q->op.kind == ENG_WRITE || q->op.kind == ENG_ZERO ||
+    q->op.kind == ENG_TRIM;
+}
+
+/* SEQUENCE NUMBERS: every FLUSH answered since the last look covers
+ * every mutation up to its horizon.
+ */
+static void
+check_flushes (void)
+{
+  size_t i, j;
+
+  for (i = 0; i < nr_ops; ++i) {
+    struct mop *f = ops[i];
+
+    if (f->op.kind != ENG_FLUSH || !f->res.answered || f->flush_checked)
+      continue;
+    f->flush_checked = true;
+    for (j = 0; j < nr_ops; ++j) {
+      const struct mop *q = ops[j];
+
+      if (is_mutation (q) && q->op.seq > 0 && q->op.seq <= f->op.horizon &&
+          q->op.state != OP_FINISHED)
+        fail ("a FLUSH (horizon %" PRIu64 ") was answered before "
+              "mutation %" PRIu64 " finished", f->op.horizon, q->op.seq);
+    }
+  }
+}
+
+static void
+submit_op (struct eng_conn *c, struct mop *q, bool try_direct)
+{
+  struct eng_actions a;
+
+  eng_actions_init (&a);
+  if (!(try_direct && engine_try_direct (e, c, &q->op, now, &a))) {
+    perform (&a);
+    if (engine_submit (e, c, &q->op, now, &a) == -1) {
+      q->res.answered = q->res.released = true;
+      q->res.err = errno;
+    }
+  }
+  perform (&a);
+  check_flushes ();
+}
+
+/* Complete in-flight run i with err; a run written updates the disk,
+ * which must hold nothing newer than its members.
+ */
+static void
+complete_run (size_t i, int err)
+{
+  const struct plug_run *r = inflight[i]->run;
+  size_t k;
+  uint64_t s;
+
+  if (verbose)
+    printf ("# complete file %" PRIu32 " [%" PRIu64 ", +%" PRIu64 ") "
+            "with %d\n", r->backing, r->offset, r->count, err);
+  if (err == 0) {
+    for (k = 0; k < r->n; ++k) {
+      struct plug_req *p = r->reqs[k];
+      struct mop *q = (struct mop *) ((struct eng_op *) p->opaque);
+
+      for (s = p->offset / SECTOR; s < (p->offset + p->count) / SECTOR;
+           ++s) {
+        if (disk[p->backing][s] > q->op.seq)
+          fail ("file %" PRIu32 " sector %" PRIu64 ": mutation %" PRIu64
+                " written over the newer %" PRIu64,
+                p->backing, s, q->op.seq, disk[p->backing][s]);
+        disk[p->backing][s] = q->op.seq;
+      }
+      q->written[p - q->piece] = true;
+    }
+  }
+  complete (i, err);
+  check_flushes ();
+}
+
+static void
+advance (uint64_t ns)
+{
+  tick (ns);
+  check_flushes ();
+}
+
+/* Has every op of connection c been answered (so that it may close)? */
+static bool
+conn_answered (const struct eng_conn *c, struct eng_conn *const *owner)
+{
+  size_t i;
+
+  for (i = 0; i < nr_ops; ++i)
+    if (owner[i] == c && !ops[i]->res.answered && !ops[i]->op.acked)
+      return false;
+  return true;
+}
+
+/* Complete runs without errors (and let time pass when none is in
+ * flight) until q is answered.  Returns false if it never is.
+ */
+static bool
+drain_until_answered (const struct mop *q)
+{
+  unsigned guard;
+
+  for (guard = 0; guard < 100000 && !q->res.answered; ++guard) {
+    if (nr_inflight > 0)
+      complete_run (rnd (nr_inflight), 0);
+    else
+      advance (200 * MS);
+  }
+  return q->res.answered;
+}
+
+/* The end: each sector holds the newest written mutation, and every
+ * admitted piece was written or its op carries an error.
+ */
+static void
+check_disk (void)
+{
+  static uint64_t want[MAX_FILES][NR_SECTORS];
+  size_t i, k;
+  uint64_t s;
+
+  memset (want, 0, sizeof want);
+  for (i = 0; i < nr_ops; ++i) {
+    const struct mop *q = ops[i];
+
+    if (!is_mutation (q) || q->op.seq == 0)
+      continue;
+    for (k = 0; k < q->op.nr_pieces; ++k) {
+      const struct plug_req *p = &q->piece[k];
+
+      if (!q->written[k]) {
+        if (q->op.err == 0 && !(q->op.flags & ENG_F_FAST))
+          fail ("mutation %" PRIu64 " piece %zu was dropped: never "
+                "written, and no error", q->op.seq, k);
+        continue;
+      }
+      for (s = p->offset / SECTOR; s < (p->offset + p->count) / SECTOR; ++s)
+        if (q->op.seq > want[p->backing][s])
+          want[p->backing][s] = q->op.seq;
+    }
+  }
+  for (k = 0; k < nr_files; ++k)
+    for (s = 0; s < NR_SECTORS; ++s)
+      if (want[k][s] != disk[k][s])
+        fail ("file %zu sector %" PRIu64 " holds mutation %" PRIu64
+              ", the newest written is %" PRIu64,
+              k, s, disk[k][s], want[k][s]);
+  for (i = 0; i < nr_ops; ++i)
+    if ((ops[i]->op.kind == ENG_FLUSH || ops[i]->op.kind == ENG_CLOSE) &&
+        !ops[i]->res.answered)
+      fail ("a %s was never answered",
+            ops[i]->op.kind == ENG_FLUSH ? "FLUSH" : "CLOSE");
+}
+
+/* The configuration of a seed. */
+struct model_config {
+  struct eng_config cfg;
+  unsigned nr_conns;
+  unsigned pct_eio, pct_eagain;         /* Of completions. */
+};
+
+static void
+pick_config (struct model_config *m)
+{
+  struct eng_config *cfg = &m->cfg;
+
+  memset (m, 0, sizeof *m);
+  nr_files = 1 + rnd (MAX_FILES);
+  m->nr_conns = 1 + rnd (MAX_CONNS);
+  m->pct_eio = rnd (3) == 0 ? 0 : 1 + rnd (8);
+  m->pct_eagain = rnd (2) ? 0 : 1 + rnd (15);
+  cfg->mode = ENG_WRITEBACK;
+  cfg->nr_backings = nr_files;
+  cfg->idle_ns = rnd (3) == 0 ? 0 : (1 + rnd (20)) * MS;
+  cfg->max_delay_ns = (5 + rnd (100)) * MS;
+  cfg->lim.max_requests = 1 + rnd (3) * rnd (40);
+  cfg->lim.max_bytes = 1ULL << 30;
+  cfg->lim.max_merge = (rnd (3) == 0 ? 2 : 64) * SECTOR * (1 + rnd (4));
+  cfg->lim.max_iov = 1 + rnd (8);
+  cfg->max_inflight = 1 + (rnd (2) ? rnd (3) : rnd (16));
+  cfg->direct = rnd (2);
+  cfg->retry.delay_ns = 3 * MS;
+  cfg->retry.max_delay_ns = 50 * MS;
+  /* Never give up: every piece must then be written in the end. */
+  cfg->retry.timeout_ns = 100000 * MS;
+}
+
+/* One random step on connection conns[ci]. */
+static void
+random_step (const struct model_config *m, struct eng_conn **conns,
+             struct mop **closing, struct eng_conn **owner, unsigned ci)
+{
+  unsigned what = rnd (100);
+  struct mop *q;
+
+  if (closing[ci] != NULL) {
+    if (!closing[ci]->res.answered) {
+      what = 60;                /* Let the close make progress. */
+      goto complete;
+    }
+    engine_conn_free (e, conns[ci]);
+    conns[ci] = conn ();
+    closing[ci] = NULL;
+  }
+  if (what < 45) {
+    unsigned k = rnd (10);
+    enum eng_kind kind = k < 6 ? ENG_WRITE : k < 8 ? ENG_ZERO : ENG_TRIM;
+    uint32_t flags = rnd (12) == 0 ? ENG_F_FUA : 0;
+
+    if (kind == ENG_ZERO && rnd (2))
+      flags |= ENG_F_MAY_TRIM;
+    if (kind == ENG_ZERO && rnd (15) == 0)
+      flags |= ENG_F_FAST;
+    q = new_op (kind, flags);
+    owner[nr_ops - 1] = conns[ci];
+    submit_op (conns[ci], q, m->cfg.direct && rnd (2));
+    return;
+  }
+  if (what < 53) {
+    q = new_op (what < 50 ? ENG_FLUSH : ENG_READ, 0);
+    owner[nr_ops - 1] = conns[ci];
+    submit_op (conns[ci], q, false);
+    return;
+  }
+  if (what < 54 && m->nr_conns > 1 && conn_answered (conns[ci], owner)) {
+    closing[ci] = new_op (ENG_CLOSE, 0);
+    owner[nr_ops - 1] = conns[ci];
+    submit_op (conns[ci], closing[ci], false);
+    return;
+  }
+ complete:
+  if (what < 90) {
+    unsigned burst = 1 + rnd (4);
+
+    while (burst-- > 0 && nr_inflight > 0) {
+      size_t i = rnd (nr_inflight);
+      unsigned x = rnd (100);
+      int err = x < m->pct_eio ? EIO :
+        x < m->pct_eio + m->pct_eagain ? EAGAIN : 0;
+
+      /* Merged runs fail more often: their split is the delicate part. */
+      if (m->pct_eio > 0 && inflight[i]->run->n > 1 && rnd (4) == 0)
+        err = EIO;
+      complete_run (i, err);
+    }
+    return;
+  }
+  advance ((uint64_t) rnd (30) * MS);
+}
+
+/* Run one seed; returns true if the model found nothing wrong. */
+static bool
+run_seed (unsigned seed, unsigned steps)
+{
+  static struct eng_conn *owner[MAX_OPS];
+  struct model_config m;
+  struct eng_conn *conns[MAX_CONNS];
+  struct mop *closing[MAX_CONNS] = { NULL };
+  struct eng_counts n;
+  unsigned i, st;
+  struct mop *last;
+
+  rng = 0x9E3779B97F4A7C15ULL ^ (seed * 0x100000001B3ULL);
+  failures = 0;
+  first_failure[0] = '\0';
+  memset (disk, 0, sizeof disk);
+  memset (owner, 0, sizeof owner);
+  pick_config (&m);
+  nr_inflight = 0;
+  order_violations = 0;
+  e = engine_new (&m.cfg);
+  if (e == NULL)
+    abort ();
+  for (i = 0; i < m.nr_conns; ++i)
+    conns[i] = conn ();
+
+  for (st = 0; st < steps && nr_ops < MAX_OPS - 2 * MAX_CONNS - 1; ++st)
+    random_step (&m, conns, closing, owner, rnd (m.nr_conns));
+
+  /* Drain without errors: the pending closes, then one FLUSH. */
+  for (i = 0; i < m.nr_conns; ++i)
+    if (closing[i] != NULL) {
+      if (drain_until_answered (closing[i])) {
+        engine_conn_free (e, conns[i]);
+        conns[i] = conn ();
+      }
+      closing[i] = NULL;
+    }
+  last = new_op (ENG_FLUSH, 0);
+  submit_op (conns[0], last, false);
+  drain_until_answered (last);
+  while (nr_inflight > 0)
+    complete_run (0, 0);
+  engine_counts (e, &n);
+  if (n.held || n.queued || n.inflight || n.unfinished)
+    fail ("after the last FLUSH: held %" PRIu64 ", queued %" PRIu64
+          ", in flight %" PRIu64 ", unfinished %" PRIu64,
+          n.held, n.queued, n.inflight, n.unfinished);
+  check_disk ();
+  if (order_violations > 0)
+    fail ("%u runs issued over an overlapping run in flight",
+          order_violations);
+
+  for (i = 0; i < m.nr_conns; ++i) {
+    struct mop *c = new_op (ENG_CLOSE, 0);
+
+    submit_op (conns[i], c, false);
+    if (!drain_until_answered (c))
+      fail ("the last CLOSE was never answered");
+    engine_conn_free (e, conns[i]);
+  }
+  engine_free (e);
+
+  ok (failures == 0, "seed %u: %u files, %u conns, direct %d, "
+      "max-requests %u, max-inflight %u, max-merge %" PRIu64 ", "
+      "max-iov %u, %u%% EIO, %u%% EAGAIN, %zu ops%s%s",
+      seed, nr_files, m.nr_conns, m.cfg.direct,
+      (unsigned) m.cfg.lim.max_requests, m.cfg.max_inflight,
+      m.cfg.lim.max_merge, (unsigned) m.cfg.lim.max_iov, m.pct_eio,
+      m.pct_eagain, nr_ops, failures ? ": " : "", first_failure);
+  while (nr_ops > 0)
+    free (ops[--nr_ops]);
+  return failures == 0;
+}
+
+int
+main (int argc, char **argv)
+{
+  unsigned seed;
+
+  if (argc > 1) {
+    verbose = true;
+    run_seed ((unsigned) strtoul (argv[1], NULL, 0),
+              argc > 2 ? (unsigned) strtoul (argv[2], NULL, 0) : NR_STEPS);
+    return done_testing ();
+  }
+  for (seed = 1; seed <= NR_SEEDS; ++seed)
+    run_seed (seed, NR_STEPS);
+  return done_testing ();
+}
