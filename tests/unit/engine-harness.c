@@ -25,6 +25,7 @@ size_t nr_inflight;
 uint64_t now = 1000 * MS;
 
 unsigned order_violations;
+unsigned long nr_answers;
 
 static bool
 overlaps_inflight (const struct eng_run *r)
@@ -59,6 +60,7 @@ perform (struct eng_actions *a)
 
     res->answered = true;
     res->err = op->err;
+    res->answer_no = ++nr_answers;
   }
   for (op = a->release; op != NULL; op = next) {
     next = op->release_next;

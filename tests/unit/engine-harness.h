@@ -29,6 +29,7 @@ struct result {
   bool answered;
   bool released;
   int err;
+  unsigned long answer_no;      /* Its place among all answers (from 1). */
 };
 
 /* A request of test-engine: at most two pieces. */
@@ -48,6 +49,9 @@ extern uint64_t now;                    /* The fake clock. */
  * run of the same file was in flight (every test expects none).
  */
 extern unsigned order_violations;
+
+/* Answers given so far (each op's answer_no is its place). */
+extern unsigned long nr_answers;
 
 /* max-delay= and max-requests= of the next engine made. */
 extern uint64_t make_max_delay_ns;
