@@ -72,8 +72,9 @@ enum file_state {
 
 struct eng_file {
   struct eng_run *head, *tail;  /* Unfinished runs, creation order. */
-  struct eng_run *blocked;      /* The runs with nr_blockers > 0, in no
-                                 * order. */
+  struct itree index;           /* The same runs, by offset. */
+  struct eng_run *ready_head, *ready_tail;      /* RUN_READY runs, in the
+                                                 * order they go out. */
   unsigned inflight;
   unsigned max_inflight;
   uint64_t nr_queued;
@@ -195,6 +196,7 @@ static void check_waiters (struct engine *e, uint64_t now,
                            struct eng_actions *out);
 static void release_blocked (struct engine *e, struct eng_file *f,
                              struct eng_run *r);
+static void ready_remove (struct eng_file *f, struct eng_run *r);
 
 /* ---- small helpers ---- */
 
@@ -366,8 +368,10 @@ engine_new (const struct eng_config *cfg)
    */
   e->mem_bound = cfg->lim.max_bytes;
   e->cfg.lim.max_bytes = MAX (cfg->lim.max_bytes / 2, (uint64_t) 1);
-  for (b = 0; b < cfg->nr_backings; ++b)
+  for (b = 0; b < cfg->nr_backings; ++b) {
     e->files[b].max_inflight = cfg->max_inflight;
+    itree_init (&e->files[b].index);
+  }
   e->next_seq = 1;
   e->next_batch = 1;
   return e;
@@ -573,6 +577,9 @@ run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
   size_t i;
 
   release_blocked (e, f, r);
+  itree_remove (&f->index, &r->node);
+  if (r->state == RUN_READY)
+    ready_remove (f, r);
   if (r->qprev)
     r->qprev->qnext = r->qnext;
   else
@@ -581,7 +588,7 @@ run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
     r->qnext->qprev = r->qprev;
   else
     f->tail = r->qprev;
-  if (r->state == RUN_QUEUED)
+  if (r->state != RUN_INFLIGHT)
     f->nr_queued--;
   r->conn->nr_runs--;
 
@@ -605,68 +612,127 @@ run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
 
 /* QUEUE ORDER, kept by counting: a run counts, when it is queued, the
  * older unfinished runs of its file that overlap it (nr_blockers), and
- * a run that finishes lets go of the newer runs it overlaps.  A queued
- * run with no blockers is free to go, so dispatch never rescans.  The
- * cost per event is linear, never quadratic:
- *  - an unplug: its runs of one file are sorted by offset and disjoint
- *    (NO OVERLAP IN PLUGS), so each older run of the file finds the new
- *    runs it overlaps by binary search;
- *  - a completion: only blocked runs can be waiting for the finishing
- *    one (a run in flight or free to go waits for nothing), and they
- *    are on a list of their own, which it walks.
- * Both walks are whole lists: thousands of runs blocked behind older
- * ones still cost each completion in their file a pass over them.  An
- * index of the unfinished runs by offset would bring both down to what
- * overlaps.  Batches are numbered in creation order and a batch's runs
- * never overlap, so "older" is a smaller batch number.
+ * a run that finishes lets go of the newer runs it overlaps.  A run
+ * with no blockers goes on its file's ready list, so dispatch never
+ * rescans.  Each file keeps its unfinished runs in an index by offset
+ * (src/itree.h), so each event looks only at the runs that overlap
+ * the one it is about:
+ *  - a new run looks up the runs that overlap it; those of older
+ *    batches are its blockers (batches are numbered in creation order
+ *    and a batch's runs never overlap each other);
+ *  - a finishing run looks up the runs that overlap it; those of newer
+ *    batches were all counting it (none of them can have gone out
+ *    while it was unfinished, and a direct run overlaps nothing).
+ * The index's steps are counted in order_checks.
+ *
+ * The ready list goes out in the order runs became free, a retried run
+ * first: like blk-mq's dispatch list, where a requeued request goes to
+ * the head.  Runs that are free at once are the common case and keep
+ * their creation order.
  */
-/* Does q wait for r (q is newer and overlaps it)?  One step of
- * order_checks.
- */
-static bool
-waits_for (struct engine *e, const struct eng_run *q, const struct eng_run *r)
+static struct eng_run *
+run_of_node (struct itree_node *node)
 {
-  e->order_checks++;
-  return q->batch > r->batch &&
-    ranges_overlap (q->run->offset, q->run->count,
-                    r->run->offset, r->run->count);
+  return container_of (node, struct eng_run, node);
 }
 
 static void
-blocked_add (struct eng_file *f, struct eng_run *r)
+ready_append (struct eng_file *f, struct eng_run *r)
 {
-  assert (r->nr_blockers > 0);
-  r->bprev = NULL;
-  r->bnext = f->blocked;
-  if (f->blocked)
-    f->blocked->bprev = r;
-  f->blocked = r;
-}
-
-static void
-blocked_remove (struct eng_file *f, struct eng_run *r)
-{
-  if (r->bprev)
-    r->bprev->bnext = r->bnext;
+  assert (r->state == RUN_BLOCKED && r->nr_blockers == 0);
+  r->state = RUN_READY;
+  r->rnext = NULL;
+  r->rprev = f->ready_tail;
+  if (f->ready_tail)
+    f->ready_tail->rnext = r;
   else
-    f->blocked = r->bnext;
-  if (r->bnext)
-    r->bnext->bprev = r->bprev;
-  r->bprev = r->bnext = NULL;
+    f->ready_head = r;
+  f->ready_tail = r;
 }
 
-/* q waits for delta more (or fewer) older runs. */
+/* A run back from the backend ("not now", or a piece of a failed run)
+ * goes out again first.
+ */
 static void
-add_blockers (struct eng_file *f, struct eng_run *q, long delta)
+ready_push (struct eng_file *f, struct eng_run *r)
 {
-  size_t was = q->nr_blockers;
+  r->state = RUN_READY;
+  r->nr_blockers = 0;
+  r->rprev = NULL;
+  r->rnext = f->ready_head;
+  if (f->ready_head)
+    f->ready_head->rprev = r;
+  else
+    f->ready_tail = r;
+  f->ready_head = r;
+}
 
-  assert (delta >= 0 || (size_t) -delta <= was);
-  q->nr_blockers = was + delta;
-  if (was == 0 && q->nr_blockers > 0)
-    blocked_add (f, q);
-  else if (was > 0 && q->nr_blockers == 0)
-    blocked_remove (f, q);
+static void
+ready_remove (struct eng_file *f, struct eng_run *r)
+{
+  assert (r->state == RUN_READY);
+  if (r->rprev)
+    r->rprev->rnext = r->rnext;
+  else
+    f->ready_head = r->rnext;
+  if (r->rnext)
+    r->rnext->rprev = r->rprev;
+  else
+    f->ready_tail = r->rprev;
+  r->rprev = r->rnext = NULL;
+}
+
+/* q (blocked) now waits for n older runs; at 0 it is free to go. */
+static void
+set_blockers (struct eng_file *f, struct eng_run *q, size_t n)
+{
+  assert (q->state == RUN_BLOCKED);
+  q->nr_blockers = n;
+  if (n == 0)
+    ready_append (f, q);
+}
+
+/* A walk of a file's index on behalf of run r. */
+struct order_walk {
+  struct eng_file *f;
+  struct eng_run *r;
+  const struct eng_run *pieces;         /* rewait_on_pieces: r's. */
+  struct engine *e;
+};
+
+static bool
+count_one_older (struct itree_node *node, void *opaque)
+{
+  struct order_walk *w = opaque;
+
+  if (run_of_node (node)->batch < w->r->batch)
+    w->r->nr_blockers++;
+  return false;
+}
+
+static bool
+release_one_newer (struct itree_node *node, void *opaque)
+{
+  struct order_walk *w = opaque;
+  struct eng_run *q = run_of_node (node);
+
+  if (q->batch > w->r->batch) {
+    assert (q->state == RUN_BLOCKED && q->nr_blockers > 0);
+    set_blockers (w->f, q, q->nr_blockers - 1);
+  }
+  return false;
+}
+
+/* Walk the runs of f that overlap r, calling fn for each. */
+static void
+walk_overlapping (struct engine *e, struct eng_file *f, struct eng_run *r,
+                  itree_fn fn, struct order_walk *w)
+{
+  w->f = f;
+  w->r = r;
+  w->e = e;
+  itree_overlapping (&f->index, r->node.start, r->node.end, fn, w,
+                     &e->order_checks);
 }
 
 /* r finishes: every newer run that overlapped it has one blocker
@@ -675,68 +741,56 @@ add_blockers (struct eng_file *f, struct eng_run *q, long delta)
 static void
 release_blocked (struct engine *e, struct eng_file *f, struct eng_run *r)
 {
-  struct eng_run *q, *next;
+  struct order_walk w = { .pieces = NULL };
 
-  if (r->nr_blockers > 0)
-    blocked_remove (f, r);
-  for (q = f->blocked; q != NULL; q = next) {
-    next = q->bnext;
-    if (waits_for (e, q, r))
-      add_blockers (f, q, -1);
-  }
+  walk_overlapping (e, f, r, release_one_newer, &w);
 }
 
-/* The first of the n sorted, disjoint runs v[] that ends after offset. */
-static size_t
-first_ending_after (struct engine *e, struct plug_run *const *v, size_t n,
-                    uint64_t offset)
-{
-  size_t lo = 0, hi = n;
-
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-
-    e->order_checks++;
-    if (v[mid]->offset + v[mid]->count <= offset)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
-}
-
-/* The n runs v[] of one unplug, queued to file f (sorted by offset,
- * disjoint), count the older runs of f that overlap them.
+/* The n runs v[] of one unplug (batch), just queued to file f, count
+ * the older runs of f that overlap them; those with none are ready, in
+ * offset order.  A file whose oldest run is of this batch has nothing
+ * older: no walk.
  */
 static void
 count_blockers (struct engine *e, struct eng_file *f, uint64_t batch,
                 struct plug_run *const *v, size_t n)
 {
-  const struct eng_run *o;
+  struct order_walk w = { .pieces = NULL };
+  bool older = f->head->batch < batch;
   size_t i;
 
-  for (o = f->head; o != NULL && o->batch != batch; o = o->qnext) {
-    uint64_t end = o->run->offset + o->run->count;
+  for (i = 0; i < n; ++i) {
+    struct eng_run *q = run_of (v[i]);
 
-    e->order_checks++;
-    for (i = first_ending_after (e, v, n, o->run->offset);
-         i < n && v[i]->offset < end; ++i) {
-      e->order_checks++;
-      add_blockers (f, run_of (v[i]), 1);
-    }
+    if (older)
+      walk_overlapping (e, f, q, count_one_older, &w);
+    set_blockers (f, q, q->nr_blockers);
   }
 }
 
-/* Run r takes the queue's tail, blocked by nothing yet (conn_unplug
- * counts its runs' blockers once they are all queued).
+static void
+index_add (struct eng_file *f, struct eng_run *r)
+{
+  /* A zero-length run (NBD allows no such request, but the engine does
+   * not rely on it) orders like one byte: waiting more is safe.
+   */
+  r->node.start = r->run->offset;
+  r->node.end = r->run->offset + MAX (r->run->count, (uint64_t) 1);
+  itree_insert (&f->index, &r->node);
+}
+
+/* Run r takes the queue's tail and the index, RUN_BLOCKED by nothing
+ * yet: the caller counts its blockers (conn_unplug) or knows there are
+ * none (the direct path), and then calls set_blockers.
  */
 static void
 queue_append (struct engine *e, struct eng_run *r)
 {
   struct eng_file *f = &e->files[r->run->backing];
 
+  r->state = RUN_BLOCKED;
   r->nr_blockers = 0;
-  r->bprev = r->bnext = NULL;
+  r->rprev = r->rnext = NULL;
   r->qnext = NULL;
   r->qprev = f->tail;
   if (f->tail)
@@ -744,8 +798,8 @@ queue_append (struct engine *e, struct eng_run *r)
   else
     f->head = r;
   f->tail = r;
-  if (r->state == RUN_QUEUED)
-    f->nr_queued++;
+  index_add (f, r);
+  f->nr_queued++;
   r->conn->nr_runs++;
 }
 
@@ -753,8 +807,7 @@ static void
 run_issue (struct eng_file *f, struct eng_run *r, uint64_t now,
            struct eng_actions *out)
 {
-  assert (r->state == RUN_QUEUED);
-  assert (r->nr_blockers == 0);
+  ready_remove (f, r);
   r->state = RUN_INFLIGHT;
   r->issued_ns = now;
   f->nr_queued--;
@@ -762,9 +815,9 @@ run_issue (struct eng_file *f, struct eng_run *r, uint64_t now,
   act_issue (out, r);
 }
 
-/* Issue what file b can issue now, oldest first, as far as its slots
- * allow.  force: also a delayed or stalled queue (a FLUSH does not make
- * its client wait for a backoff; close and exit do not either).
+/* Issue file b's ready runs, in order, as far as its slots allow.
+ * force: also a delayed or stalled queue (a FLUSH does not make its
+ * client wait for a backoff; close and exit do not either).
  */
 static void
 queue_dispatch (struct engine *e, uint32_t b, uint64_t now, bool force,
@@ -780,9 +833,7 @@ queue_dispatch (struct engine *e, uint32_t b, uint64_t now, bool force,
   if (f->state == FILE_STALLED && !force)
     return;
   f->state = FILE_RUNNING;
-  for (r = f->head; r != NULL && f->nr_queued > 0; r = r->qnext) {
-    if (r->state != RUN_QUEUED || r->nr_blockers > 0)
-      continue;
+  while ((r = f->ready_head) != NULL) {
     if (f->inflight >= f->max_inflight) {
       /* A driver out of tags: the next completion dispatches again. */
       STATS_ADD (r->conn->stats->no_slot, 1);
@@ -802,6 +853,12 @@ dispatch_all (struct engine *e, uint64_t now, bool force,
     queue_dispatch (e, b, now, force, out);
 }
 
+static bool
+holds_seq_at_most (struct itree_node *node, void *opaque)
+{
+  return run_of_node (node)->min_seq <= *(const uint64_t *) opaque;
+}
+
 /* Does any unfinished run of file b overlap [offset, offset+count)?
  * With max_seq != UINT64_MAX, only runs holding a mutation at least as
  * old as that.
@@ -810,13 +867,10 @@ static bool
 queue_overlaps (const struct engine *e, uint32_t b, uint64_t offset,
                 uint64_t count, uint64_t max_seq)
 {
-  const struct eng_run *r;
+  uint64_t visits = 0;          /* Not QUEUE ORDER's: not counted. */
 
-  for (r = e->files[b].head; r != NULL; r = r->qnext)
-    if (r->min_seq <= max_seq &&
-        ranges_overlap (r->run->offset, r->run->count, offset, count))
-      return true;
-  return false;
+  return itree_overlapping (&e->files[b].index, offset, offset + count,
+                            holds_seq_at_most, &max_seq, &visits);
 }
 
 static bool
@@ -908,7 +962,6 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
     size_t k;
 
     r->run = pr;
-    r->state = RUN_QUEUED;
     r->conn = c;
     r->batch = batch;
     r->min_seq = UINT64_MAX;
@@ -1181,11 +1234,12 @@ issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
   for (r = made; r != NULL; r = next) {
     next = r->issue_next;
     r->run->reqs[0]->seq = op->seq;
-    r->state = RUN_QUEUED;
     r->conn = c;
     r->batch = e->next_batch++;
     r->min_seq = op->seq;
     queue_append (e, r);
+    /* can_issue_now: nothing unfinished overlaps it. */
+    set_blockers (&e->files[r->run->backing], r, 0);
     run_issue (&e->files[r->run->backing], r, now, out);
   }
   return 0;
@@ -1505,27 +1559,27 @@ note_progress (struct engine *e, uint64_t now)
     e->shutdown_deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
 }
 
-/* Run r is about to be replaced by its pieces (the list made): each
- * newer run that waited for r waits for the pieces that overlap it
- * instead.
+/* q waited for the failed run w->r, which is about to be replaced by
+ * its pieces (w->pieces): it waits for those that overlap it instead.
  */
-static void
-rewait_on_pieces (struct engine *e, struct eng_file *f,
-                  const struct eng_run *r, const struct eng_run *made)
+static bool
+rewait_one_newer (struct itree_node *node, void *opaque)
 {
-  struct eng_run *q, *next;
+  struct order_walk *w = opaque;
+  struct eng_run *q = run_of_node (node);
   const struct eng_run *n;
+  size_t k = 0;
 
-  for (q = f->blocked; q != NULL; q = next) {
-    long k = 0;
-
-    next = q->bnext;
-    if (!waits_for (e, q, r))
-      continue;
-    for (n = made; n != NULL; n = n->qnext)
-      k += waits_for (e, q, n);
-    add_blockers (f, q, k - 1);
+  if (q->batch <= w->r->batch)
+    return false;
+  assert (q->state == RUN_BLOCKED && q->nr_blockers > 0);
+  for (n = w->pieces; n != NULL; n = n->qnext) {
+    w->e->order_checks++;
+    k += ranges_overlap (q->run->offset, q->run->count,
+                         n->run->offset, n->run->count);
   }
+  set_blockers (w->f, q, q->nr_blockers - 1 + k);
+  return false;
 }
 
 /* A merged run failed with a real error: put its members back in its
@@ -1537,6 +1591,7 @@ static int
 split_run (struct engine *e, struct eng_file *f, struct eng_run *r)
 {
   struct eng_run *made = NULL, *n, *next, *prev;
+  struct order_walk w = { .pieces = NULL };
   size_t i;
 
   for (i = r->run->n; i-- > 0; ) {
@@ -1550,18 +1605,16 @@ split_run (struct engine *e, struct eng_file *f, struct eng_run *r)
       }
       return -1;
     }
-    n->state = RUN_QUEUED;
     n->conn = r->conn;
     n->batch = r->batch;
     n->min_seq = p->seq;
-    /* r was in flight, so no older run overlapped it, nor its pieces. */
-    n->nr_blockers = 0;
-    n->bprev = n->bnext = NULL;
     n->qnext = made;
     made = n;
   }
-  rewait_on_pieces (e, f, r, made);
-  /* Replace r by the list, in offset order, where r stood. */
+  w.pieces = made;
+  walk_overlapping (e, f, r, rewait_one_newer, &w);
+  itree_remove (&f->index, &r->node);
+  /* Replace r by the pieces, in offset order, where r stood. */
   prev = r->qprev;
   for (n = made; n != NULL; n = n->qnext) {
     n->qprev = prev;
@@ -1570,6 +1623,7 @@ split_run (struct engine *e, struct eng_file *f, struct eng_run *r)
     else
       f->head = n;
     prev = n;
+    index_add (f, n);
     f->nr_queued++;
     r->conn->nr_runs++;
   }
@@ -1578,6 +1632,11 @@ split_run (struct engine *e, struct eng_file *f, struct eng_run *r)
     r->qnext->qprev = prev;
   else
     f->tail = prev;
+  /* r was in flight, so no older run overlapped it, nor its pieces: they
+   * go out again first, in offset order.
+   */
+  for (n = prev; n != r->qprev; n = n->qprev)
+    ready_push (f, n);
   r->conn->nr_runs--;
   run_free (r);
   return 0;
@@ -1600,7 +1659,7 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
     run_finish (e, r, EIO, now, out);
     return;
   }
-  r->state = RUN_QUEUED;
+  ready_push (f, r);
   f->nr_queued++;
   if (f->inflight > 0) {
     f->state = FILE_STALLED;
@@ -1744,7 +1803,7 @@ fail_queued (struct engine *e, const struct eng_conn *c, uint64_t now,
 
     for (r = e->files[b].head; r != NULL; r = next) {
       next = r->qnext;
-      if (r->state == RUN_QUEUED && (c == NULL || r->conn == c)) {
+      if (r->state != RUN_INFLIGHT && (c == NULL || r->conn == c)) {
         STATS_ADD (r->conn->stats->gave_up, 1);
         log_run (e, r, "not written within retry-timeout of the close",
                  ETIMEDOUT, now);

@@ -36,8 +36,9 @@
  *    earlier for the same file overlaps it.  With the rule above,
  *    overlapping data reaches the file in sequence order, whichever
  *    connections it came from.  Kept by counting (eng_run.nr_blockers,
- *    engine.c "QUEUE ORDER, kept by counting"), so that no completion
- *    rescans the queue.
+ *    engine.c "QUEUE ORDER, kept by counting") over an index of the
+ *    unfinished runs by offset, so that each event looks only at what
+ *    overlaps it.
  *  - NEVER DROPPED.  "Not now" (EAGAIN, ENOMEM, EBUSY from the backend,
  *    or no free in-flight slot) leaves a run queued in its place; the
  *    file's queue is delayed (blk_delay_queue) or waits for a completion.
@@ -63,6 +64,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "itree.h"
 #include "plug.h"
 #include "retry.h"
 #include "stats.h"
@@ -177,7 +179,11 @@ struct eng_op {
 };
 
 enum eng_run_state {
-  RUN_QUEUED,                   /* In its file's queue, not issued. */
+  RUN_BLOCKED,                  /* Queued behind nr_blockers older
+                                 * unfinished runs of its file that
+                                 * overlap it. */
+  RUN_READY,                    /* Queued, free to go: on its file's
+                                 * ready list, waiting for a slot. */
   RUN_INFLIGHT,                 /* Given to the caller to issue. */
 };
 
@@ -192,11 +198,12 @@ struct eng_run {
   struct eng_conn *conn;        /* Whose plug it came from. */
   uint64_t batch;               /* Runs of one batch never overlap. */
   uint64_t min_seq;             /* Oldest member. */
-  size_t nr_blockers;           /* QUEUE ORDER: older unfinished runs of
-                                 * its file that overlap it.  Issued only
-                                 * at 0. */
-  struct eng_run *bprev, *bnext;        /* Its file's blocked runs (those
-                                         * with nr_blockers > 0). */
+  size_t nr_blockers;           /* QUEUE ORDER: RUN_BLOCKED, the older
+                                 * unfinished runs of its file that
+                                 * overlap it; 0 otherwise. */
+  struct itree_node node;       /* Its file's index of unfinished runs. */
+  struct eng_run *rprev, *rnext;        /* RUN_READY: its file's ready
+                                         * list. */
   uint64_t first_fail_ns;       /* First "not now", 0 if none. */
   uint64_t issued_ns;           /* Last issued (hold mode's pacing). */
   struct eng_run *qprev, *qnext;        /* Its file's queue. */
@@ -346,9 +353,10 @@ struct eng_counts {
                                  * connections. */
   uint64_t lost;                /* Acknowledged writes that failed for
                                  * good (since engine_new). */
-  uint64_t order_checks;        /* Range comparisons made to keep QUEUE
-                                 * ORDER (since engine_new): its cost,
-                                 * which a test can bound. */
+  uint64_t order_checks;        /* Steps taken to keep QUEUE ORDER (since
+                                 * engine_new): index nodes looked at,
+                                 * ranges compared.  Its cost, which a
+                                 * test can bound. */
 };
 extern void engine_counts (const struct engine *e, struct eng_counts *n)
   __attribute__ ((__nonnull__ (1, 2)));
