@@ -892,19 +892,11 @@ held_before (const struct engine *e, const struct plug_req *p,
              uint64_t max_seq)
 {
   const struct eng_conn *c;
-  size_t i;
 
-  for (c = e->conns; c != NULL; c = c->next) {
-    if (!plug_conflicts (&c->plug, p))
-      continue;
-    for (i = 0; i < c->plug.reqs.len; ++i) {
-      const struct plug_req *h = c->plug.reqs.ptr[i];
-
-      if (h->seq <= max_seq && h->backing == p->backing &&
-          ranges_overlap (h->offset, h->count, p->offset, p->count))
-        return true;
-    }
-  }
+  for (c = e->conns; c != NULL; c = c->next)
+    if (plug_overlaps_seq (&c->plug, p->backing, p->offset, p->count,
+                           max_seq))
+      return true;
   return false;
 }
 

@@ -9,6 +9,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,8 @@ int
 plug_init (struct plug *p, const struct plug_limits *lim,
            uint32_t nr_backings)
 {
+  uint32_t b;
+
   memset (p, 0, sizeof *p);
   if (lim->max_requests == 0 || lim->max_bytes == 0 ||
       lim->max_merge == 0 || lim->max_iov == 0 || nr_backings == 0) {
@@ -51,8 +54,16 @@ plug_init (struct plug *p, const struct plug_limits *lim,
     return -1;
   }
   p->bounds = calloc (nr_backings, sizeof *p->bounds);
-  if (p->bounds == NULL)
+  p->held = calloc (nr_backings, sizeof *p->held);
+  if (p->bounds == NULL || p->held == NULL) {
+    free (p->bounds);
+    free (p->held);
+    p->bounds = NULL;
+    p->held = NULL;
     return -1;
+  }
+  for (b = 0; b < nr_backings; ++b)
+    itree_init (&p->held[b]);
   p->lim = *lim;
   p->nr_backings = nr_backings;
   return 0;
@@ -63,7 +74,9 @@ plug_free (struct plug *p)
 {
   plug_req_vector_reset (&p->reqs);
   free (p->bounds);
+  free (p->held);
   p->bounds = NULL;
+  p->held = NULL;
 }
 
 static bool
@@ -72,28 +85,33 @@ ranges_overlap (uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
   return a < b + blen && b < a + alen;
 }
 
-bool
-plug_overlaps (const struct plug *p, uint32_t backing,
-               uint64_t offset, uint64_t count)
+static bool
+seq_at_most (struct itree_node *node, void *opaque)
 {
-  size_t i;
+  const struct plug_req *h = (const struct plug_req *)
+    ((const char *) node - offsetof (struct plug_req, node));
+
+  return h->seq <= *(const uint64_t *) opaque;
+}
+
+bool
+plug_overlaps_seq (const struct plug *p, uint32_t backing,
+                   uint64_t offset, uint64_t count, uint64_t max_seq)
+{
+  uint64_t visits = 0;
 
   assert (backing < p->nr_backings);
   if (count == 0)
     return false;
-  /* Empty bounds (lo == hi) never overlap. */
+  /* Empty bounds (lo == hi) never overlap; nor does a request beyond
+   * them, the common sequential case: no walk.
+   */
   if (!ranges_overlap (p->bounds[backing].lo,
                        p->bounds[backing].hi - p->bounds[backing].lo,
                        offset, count))
     return false;
-  for (i = 0; i < p->reqs.len; ++i) {
-    const struct plug_req *h = p->reqs.ptr[i];
-
-    if (h->backing == backing &&
-        ranges_overlap (h->offset, h->count, offset, count))
-      return true;
-  }
-  return false;
+  return itree_overlapping (&p->held[backing], offset, offset + count,
+                            seq_at_most, &max_seq, &visits);
 }
 
 int
@@ -122,6 +140,9 @@ plug_add (struct plug *p, struct plug_req *r)
     p->bounds[r->backing].hi = MAX (p->bounds[r->backing].hi,
                                     r->offset + r->count);
   }
+  r->node.start = r->offset;
+  r->node.end = r->offset + r->count;
+  itree_insert (&p->held[r->backing], &r->node);
   if (r->op == PLUG_OP_WRITE)
     p->bytes += r->count;
   r->seq = p->next_seq++;
@@ -267,7 +288,9 @@ plug_take_runs (struct plug *p, plug_run_vector *runs)
   p->bytes = 0;
   p->oldest_ns = 0;
   p->multiple_backings = false;
-  for (b = 0; b < p->nr_backings; ++b)
+  for (b = 0; b < p->nr_backings; ++b) {
     p->bounds[b].lo = p->bounds[b].hi = 0;
+    itree_init (&p->held[b]);   /* The nodes went with their requests. */
+  }
   return 0;
 }

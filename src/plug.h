@@ -33,6 +33,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "itree.h"
 #include "vector.h"
 
 enum plug_op {
@@ -84,6 +85,7 @@ struct plug_req {
   const void *buf;              /* PLUG_OP_WRITE: count bytes.  Borrowed
                                  * from the owner of the request. */
   void *opaque;                 /* The owner's request; for completions. */
+  struct itree_node node;       /* The plug's, while held: its index. */
 };
 
 DEFINE_VECTOR_TYPE (plug_req_vector, struct plug_req *)
@@ -144,6 +146,12 @@ struct plug {
    * known not to conflict without a scan.  Owned: [nr_backings].
    */
   struct { uint64_t lo, hi; } *bounds;
+  /* Per backing file, the held requests by offset, so that a request
+   * inside the bounds costs O(log n), not a scan of the plug (a plug
+   * of max-requests=1048576 would make that quadratic).  Owned:
+   * [nr_backings]; the nodes are the requests'.
+   */
+  struct itree *held;
 };
 
 /* Initialise an empty plug.  Returns 0, or -1 with errno (ENOMEM,
@@ -164,11 +172,21 @@ plug_is_empty (const struct plug *p)
 }
 
 /* Does [offset, offset+count) of this backing file overlap any held
- * request?
+ * request whose seq is at most max_seq (the owner's numbering, which
+ * it may set after plug_add)?
  */
-extern bool plug_overlaps (const struct plug *p, uint32_t backing,
-                           uint64_t offset, uint64_t count)
+extern bool plug_overlaps_seq (const struct plug *p, uint32_t backing,
+                               uint64_t offset, uint64_t count,
+                               uint64_t max_seq)
   __attribute__ ((__nonnull__ (1)));
+
+/* ... any held request? */
+static inline bool
+plug_overlaps (const struct plug *p, uint32_t backing,
+               uint64_t offset, uint64_t count)
+{
+  return plug_overlaps_seq (p, backing, offset, count, UINT64_MAX);
+}
 
 /* Would adding r break the no-overlap invariant? */
 static inline bool
