@@ -200,12 +200,6 @@ static void ready_remove (struct eng_file *f, struct eng_run *r);
 
 /* ---- small helpers ---- */
 
-static bool
-ranges_overlap (uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
-{
-  return a < b + blen && b < a + alen;
-}
-
 static void __attribute__ ((__format__ (__printf__, 3, 4)))
 eng_log (struct engine *e, int level, const char *fs, ...)
 {
@@ -696,7 +690,7 @@ set_blockers (struct eng_file *f, struct eng_run *q, size_t n)
 struct order_walk {
   struct eng_file *f;
   struct eng_run *r;
-  const struct eng_run *pieces;         /* rewait_on_pieces: r's. */
+  const struct eng_run *pieces;         /* split_run: r's pieces. */
   struct engine *e;
 };
 
@@ -768,14 +762,21 @@ count_blockers (struct engine *e, struct eng_file *f, uint64_t batch,
   }
 }
 
+/* The end of the range r orders by.  A zero-length run (NBD allows no
+ * such request, but the engine does not rely on it) orders like one
+ * byte: waiting more is safe.
+ */
+static uint64_t
+order_end (const struct eng_run *r)
+{
+  return r->run->offset + MAX (r->run->count, (uint64_t) 1);
+}
+
 static void
 index_add (struct eng_file *f, struct eng_run *r)
 {
-  /* A zero-length run (NBD allows no such request, but the engine does
-   * not rely on it) orders like one byte: waiting more is safe.
-   */
   r->node.start = r->run->offset;
-  r->node.end = r->run->offset + MAX (r->run->count, (uint64_t) 1);
+  r->node.end = order_end (r);
   itree_insert (&f->index, &r->node);
 }
 
@@ -1567,8 +1568,7 @@ rewait_one_newer (struct itree_node *node, void *opaque)
   assert (q->state == RUN_BLOCKED && q->nr_blockers > 0);
   for (n = w->pieces; n != NULL; n = n->qnext) {
     w->e->order_checks++;
-    k += ranges_overlap (q->run->offset, q->run->count,
-                         n->run->offset, n->run->count);
+    k += n->run->offset < q->node.end && q->node.start < order_end (n);
   }
   set_blockers (w->f, q, q->nr_blockers - 1 + k);
   return false;
