@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -453,6 +454,25 @@ engine_log (void *opaque, int level, const char *msg)
     nbdkit_debug ("%s", msg);
 }
 
+/* A seed no client can know, for the shapes of the engine's indexes
+ * (src/itree.h): offsets picked against a known one could make them
+ * paths, each lookup as slow as a scan.  getrandom cannot fail for 4
+ * bytes once the pool is ready; before that, the clock and the PID
+ * are still unknown to a client.
+ */
+static uint32_t
+index_seed (void)
+{
+  uint32_t seed;
+  struct timespec ts;
+
+  if (getrandom (&seed, sizeof seed, GRND_NONBLOCK) == sizeof seed)
+    return seed;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint32_t) ts.tv_nsec ^ (uint32_t) ts.tv_sec ^
+    ((uint32_t) getpid () << 16);
+}
+
 static int
 make_engine (void)
 {
@@ -475,6 +495,7 @@ make_engine (void)
     .direct = cfg.direct,
     .direct_min = cfg.direct_min,
     .retry = cfg.retry,
+    .seed = index_seed (),
     .log = engine_log,
     .debug_unplug = plug_debug_unplug,
     .names = (const char *const *) files.ptr,

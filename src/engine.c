@@ -357,6 +357,7 @@ engine_new (const struct eng_config *cfg)
   e->run_prefix = (sizeof (struct eng_run) + _Alignof (max_align_t) - 1) /
     _Alignof (max_align_t) * _Alignof (max_align_t);
   e->cfg.lim.run_prefix = e->run_prefix;
+  e->cfg.lim.seed = cfg->seed ^ 0x9e3779b9u;
   /* The memory bound stays cfg->lim.max_bytes (over_memory); the plug
    * goes out at half of it (BLK_PLUG_FLUSH_SIZE's role).
    */
@@ -364,7 +365,7 @@ engine_new (const struct eng_config *cfg)
   e->cfg.lim.max_bytes = MAX (cfg->lim.max_bytes / 2, (uint64_t) 1);
   for (b = 0; b < cfg->nr_backings; ++b) {
     e->files[b].max_inflight = cfg->max_inflight;
-    itree_init (&e->files[b].index);
+    itree_init (&e->files[b].index, cfg->seed + b);
   }
   e->next_seq = 1;
   e->next_batch = 1;
@@ -762,21 +763,12 @@ count_blockers (struct engine *e, struct eng_file *f, uint64_t batch,
   }
 }
 
-/* The end of the range r orders by.  A zero-length run (NBD allows no
- * such request, but the engine does not rely on it) orders like one
- * byte: waiting more is safe.
- */
-static uint64_t
-order_end (const struct eng_run *r)
-{
-  return r->run->offset + MAX (r->run->count, (uint64_t) 1);
-}
-
+/* Runs are never empty and end before 2^64 (pieces_valid). */
 static void
 index_add (struct eng_file *f, struct eng_run *r)
 {
   r->node.start = r->run->offset;
-  r->node.end = order_end (r);
+  r->node.end = r->run->offset + r->run->count;
   itree_insert (&f->index, &r->node);
 }
 
@@ -1145,6 +1137,28 @@ refuse_waiter (struct eng_conn *c, struct eng_op *op, struct eng_actions *out)
   op_release (op, out);
 }
 
+/* Are op's pieces ranges the plug and the indexes can hold: at least
+ * one, each of a file that exists, not empty, and ending before 2^64?
+ * (nbdkit refuses empty requests and the layout keeps offsets within
+ * the files; the engine does not rely on either.)
+ */
+static bool
+pieces_valid (const struct engine *e, const struct eng_op *op)
+{
+  size_t i;
+
+  if (op->nr_pieces == 0)
+    return false;
+  for (i = 0; i < op->nr_pieces; ++i) {
+    const struct plug_req *p = &op->pieces[i];
+
+    if (p->backing >= e->cfg.nr_backings || p->count == 0 ||
+        p->count > UINT64_MAX - p->offset)
+      return false;
+  }
+  return true;
+}
+
 /* Fast zero: "MUST fail quickly with NBD_ENOTSUP unless the request can
  * be serviced in less time than a corresponding NBD_CMD_WRITE".  It
  * never waits in a plug or a queue: issued at once, or refused.
@@ -1274,7 +1288,7 @@ engine_try_direct (struct engine *e, struct eng_conn *c, struct eng_op *op,
     near = false;
   if (!e->cfg.direct || near || (op->flags & ENG_F_FAST) ||
       e->state != ENGINE_RUNNING || c->state != CONN_OPEN ||
-      c->mem_wait.head != NULL || op->nr_pieces == 0)
+      c->mem_wait.head != NULL || !pieces_valid (e, op))
     return false;
   prepare_pieces (c, op, now);
   if (!can_issue_now (e, op))
@@ -1298,7 +1312,7 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
 {
   bool wb = e->cfg.mode == ENG_WRITEBACK && !(op->flags & ENG_F_FUA);
 
-  if (op->nr_pieces == 0) {
+  if (!pieces_valid (e, op)) {
     errno = EINVAL;
     return -1;
   }
@@ -1568,7 +1582,8 @@ rewait_one_newer (struct itree_node *node, void *opaque)
   assert (q->state == RUN_BLOCKED && q->nr_blockers > 0);
   for (n = w->pieces; n != NULL; n = n->qnext) {
     w->e->order_checks++;
-    k += n->run->offset < q->node.end && q->node.start < order_end (n);
+    k += n->run->offset < q->node.end &&
+      q->node.start < n->run->offset + n->run->count;
   }
   set_blockers (w->f, q, q->nr_blockers - 1 + k);
   return false;
@@ -1634,12 +1649,27 @@ split_run (struct engine *e, struct eng_file *f, struct eng_run *r)
   return 0;
 }
 
+/* blk_delay_queue, with a capped backoff, but no later than deadline
+ * (so that a run gets its whole retry-timeout, never more).
+ */
+static void
+delay_queue (struct engine *e, struct eng_file *f, uint64_t now,
+             uint64_t deadline)
+{
+  uint64_t delay = retry_delay (&e->cfg.retry, f->retry.attempts);
+
+  if (f->retry.attempts < 64)
+    f->retry.attempts++;
+  f->state = FILE_DELAYED;
+  f->delay_until = MIN (eng_add_ns (now, delay), deadline);
+}
+
 /* "Not now" on run r of file f. */
 static void
 not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
          uint64_t now, struct eng_actions *out)
 {
-  uint64_t deadline, delay;
+  uint64_t deadline;
 
   STATS_ADD (r->conn->stats->eagain, 1);
   if (r->first_fail_ns == 0)
@@ -1649,22 +1679,20 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
     STATS_ADD (r->conn->stats->gave_up, 1);
     log_run (e, r, "giving up after retry-timeout", EAGAIN, now);
     run_finish (e, r, EIO, now, out);
+    /* A queue stalled until a completion, with nothing left in flight,
+     * would wait for ever: it backs off instead (the backend still
+     * says "not now").
+     */
+    if (f->state == FILE_STALLED && f->inflight == 0)
+      delay_queue (e, f, now, UINT64_MAX);
     return;
   }
   ready_push (f, r);
   f->nr_queued++;
-  if (f->inflight > 0) {
+  if (f->inflight > 0)
     f->state = FILE_STALLED;
-    return;
-  }
-  /* blk_delay_queue, with a capped backoff; the last retry lands on the
-   * deadline, so that a run gets its whole retry-timeout, never more.
-   */
-  delay = retry_delay (&e->cfg.retry, f->retry.attempts);
-  if (f->retry.attempts < 64)
-    f->retry.attempts++;
-  f->state = FILE_DELAYED;
-  f->delay_until = MIN (eng_add_ns (now, delay), deadline);
+  else
+    delay_queue (e, f, now, deadline);
 }
 
 void
@@ -1837,6 +1865,7 @@ engine_tick (struct engine *e, uint64_t now, struct eng_actions *out)
       c->close_deadline_ns = UINT64_MAX;
       conn_unplug (e, c, PLUG_UNPLUG_CLOSE, now, out);
       fail_queued (e, c, now, out);
+      dispatch_all (e, now, false, out);        /* What they blocked. */
     }
   }
   if (e->shutdown_op && now >= e->shutdown_deadline_ns) {

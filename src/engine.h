@@ -114,6 +114,10 @@ struct eng_config {
                                  * written at once too (no copy).  0:
                                  * only by the nearness rule. */
   struct retry_policy retry;
+  uint32_t seed;                /* Of the indexes' shapes (src/itree.h):
+                                 * the plugin's is random, so that no
+                                 * client can pick offsets that make
+                                 * them paths; a test's is fixed. */
 
   /* Called with the caller's lock held, so it must be cheap (the engine
    * rate-limits errors to one line per file per second).  level 0 is an

@@ -18,12 +18,20 @@
 #include "minmax.h"
 
 void
-itree_init (struct itree *t)
+itree_init (struct itree *t, uint32_t seed)
 {
   t->root = NULL;
   t->n = 0;
   t->next_id = 0;
-  t->rng = 2463534242u;
+  /* xorshift's state is never 0. */
+  t->rng = seed != 0 ? seed : 2463534242u;
+}
+
+void
+itree_clear (struct itree *t)
+{
+  t->root = NULL;
+  t->n = 0;
 }
 
 static uint32_t

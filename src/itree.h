@@ -11,8 +11,10 @@
  * whose largest end is at or before a range's start holds nothing that
  * overlaps it, and a node that starts at or after the range's end has
  * only such nodes to its right.  The priorities come from the tree's
- * own generator, so the shape depends only on the operations: the
- * same calls always make the same tree (a test can bound its cost).
+ * own generator, seeded by the owner: with the same seed the same calls
+ * always make the same tree (a test can bound its cost), and with a
+ * seed a client does not know it cannot pick offsets that make the
+ * tree a path (n deep, each operation O(n)).
  *
  * Intrusive: a node lives inside its owner (an engine run), which
  * fills start and end before itree_insert and leaves them alone until
@@ -41,7 +43,14 @@ struct itree {
   uint32_t rng;                 /* xorshift32 state, never 0. */
 };
 
-extern void itree_init (struct itree *t)
+/* An empty tree whose priorities come from seed. */
+extern void itree_init (struct itree *t, uint32_t seed)
+  __attribute__ ((__nonnull__ (1)));
+
+/* Forget every node at once (their owners took them back); the
+ * generator goes on.
+ */
+extern void itree_clear (struct itree *t)
   __attribute__ ((__nonnull__ (1)));
 
 /* Add node (start < end), not in any tree. */

@@ -63,7 +63,7 @@ plug_init (struct plug *p, const struct plug_limits *lim,
     return -1;
   }
   for (b = 0; b < nr_backings; ++b)
-    itree_init (&p->held[b]);
+    itree_init (&p->held[b], lim->seed + b);
   p->lim = *lim;
   p->nr_backings = nr_backings;
   return 0;
@@ -290,7 +290,7 @@ plug_take_runs (struct plug *p, plug_run_vector *runs)
   p->multiple_backings = false;
   for (b = 0; b < p->nr_backings; ++b) {
     p->bounds[b].lo = p->bounds[b].hi = 0;
-    itree_init (&p->held[b]);   /* The nodes went with their requests. */
+    itree_clear (&p->held[b]);  /* The nodes went with their requests. */
   }
   return 0;
 }

@@ -126,6 +126,7 @@ struct plug_limits {
   uint64_t max_bytes;           /* Unplug at this many write bytes. */
   uint64_t max_merge;           /* Largest run, in bytes. */
   size_t max_iov;               /* Most members of a write run (IOV_MAX). */
+  uint32_t seed;                /* Of the index's shape (src/itree.h). */
   size_t run_prefix;            /* Bytes the owner wants before each run
                                  * in the same allocation (its own run
                                  * header, so that making runs has one

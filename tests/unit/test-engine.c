@@ -241,6 +241,89 @@ test_eagain_at_close (void)
   free_all ();
 }
 
+/* A run that gives up after retry-timeout of "not now" is a completion
+ * too: a file that waited for one (FILE_STALLED) with nothing else in
+ * flight must not wait for ever.  Hold mode, max-inflight=2: B gets
+ * EAGAIN while A is in flight, is retried, C is queued; past B's
+ * retry-timeout C gets EAGAIN (stalled behind B) and B gives up.
+ */
+static void
+test_give_up_restarts_stalled (void)
+{
+  struct eng_conn *c;
+  struct req *b, *cc;
+  int i;
+
+  e = make (ENG_HOLD, 2, 1 << 20, 1);
+  c = conn ();
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, ENG_F_FUA));
+  b = submit (c, mkreq (ENG_WRITE, 0, 8192, 4096, ENG_F_FUA));
+  complete_at (0, 8192, EAGAIN);
+  complete_at (0, 0, 0);
+  cc = submit (c, mkreq (ENG_WRITE, 0, 16384, 4096, ENG_F_FUA));
+  ok (nr_inflight == 2, "B is retried, C issued beside it");
+  now += 2000 * MS;
+  complete_at (0, 16384, EAGAIN);
+  complete_at (0, 8192, EAGAIN);
+  ok (b->res.answered && b->res.err == EIO && nr_inflight == 0,
+      "B gives up after retry-timeout (%s), nothing is in flight",
+      strerror (b->res.err));
+  for (i = 0; i < 100 && nr_inflight == 0; ++i)
+    tick (engine_next_deadline (e) == UINT64_MAX ? 1000 * MS :
+          engine_next_deadline (e) - now);
+  ok (nr_inflight == 1, "C is issued again after %d timer(s)", i);
+  complete_all (0);
+  ok (cc->res.answered && cc->res.err == 0, "and answered");
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
+/* Pieces the layout never makes are refused, not taken in: an empty
+ * one, and one whose end passes 2^64.
+ */
+static void
+test_bad_pieces_refused (void)
+{
+  struct eng_conn *c;
+  struct eng_actions a;
+  struct req *q;
+  struct eng_counts n;
+  static const struct { uint64_t off, len; uint32_t flags; const char *what; }
+  bad[] = {
+    { 1024, 0, 0, "an empty write" },
+    { 1024, 0, ENG_F_FAST, "an empty fast zero" },
+    { UINT64_MAX - 4095, 4096, 0, "a write ending at 2^64" },
+    { UINT64_MAX - 1023, 4096, 0, "a write past 2^64" },
+  };
+  size_t i;
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  c = conn ();
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, ENG_F_FUA));
+  for (i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+    enum eng_kind kind = bad[i].flags & ENG_F_FAST ? ENG_ZERO : ENG_WRITE;
+
+    q = mkreq (kind, 0, bad[i].off, 4096, bad[i].flags);
+    q->piece[0].count = bad[i].len;
+    eng_actions_init (&a);
+    ok (!engine_try_direct (e, c, &q->op, now, &a),
+        "the direct path refuses %s", bad[i].what);
+    perform (&a);
+    submit (c, q);
+    ok (q->res.answered && q->res.err == EINVAL && !q->op.acked,
+        "submit refuses %s with EINVAL (%s)", bad[i].what,
+        strerror (q->res.err));
+  }
+  complete_all (0);
+  engine_counts (e, &n);
+  ok (n.held == 0 && n.queued == 0 && n.unfinished == 0,
+      "nothing of them was taken in");
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
 /* Two adjacent writes at [0, 8K) on file 0, then a FLUSH that sends
  * them out (merged into one run); returns the FLUSH.
  */
@@ -1070,6 +1153,8 @@ main (void)
   test_close_slot_contention ();
   test_close_stuck_backend ();
   test_eagain_at_close ();
+  test_give_up_restarts_stalled ();
+  test_bad_pieces_refused ();
   test_failing_neighbour ();
   test_deferred_to_new_connection ();
   test_deferred_every_connection ();

@@ -123,7 +123,7 @@ test_random (void)
   bool shape_ok = true, queries_ok = true;
   long size;
 
-  itree_init (&t);
+  itree_init (&t, 1);
   for (step = 0; step < 200000; ++step) {
     size_t i = rnd (nr);
     unsigned what = rnd (10);
@@ -176,7 +176,7 @@ test_stop (void)
   size_t i;
   bool stopped;
 
-  itree_init (&t);
+  itree_init (&t, 1);
   for (i = 0; i < 10; ++i) {
     nodes[i].start = i * 10;
     nodes[i].end = i * 10 + 15;
@@ -211,7 +211,7 @@ test_cost (void)
   uint64_t visits = 0, worst = 0;
   size_t i, q;
 
-  itree_init (&t);
+  itree_init (&t, 1);
   for (i = 0; i < MAX_NODES; ++i) {
     nodes[i].start = (uint64_t) i * 8;
     nodes[i].end = (uint64_t) i * 8 + 4;
@@ -237,11 +237,83 @@ test_cost (void)
   ok (t.n == 0 && t.root == NULL, "and all of them go");
 }
 
+/* Depth of the deepest node. */
+static unsigned
+depth_of (const struct itree_node *t)
+{
+  unsigned l, r;
+
+  if (t == NULL)
+    return 0;
+  l = depth_of (t->left);
+  r = depth_of (t->right);
+  return 1 + (l > r ? l : r);
+}
+
+static uint32_t *prio_of;
+
+static int
+by_prio_desc (const void *a, const void *b)
+{
+  uint32_t x = prio_of[*(const size_t *) a], y = prio_of[*(const size_t *) b];
+
+  return x > y ? -1 : x < y;
+}
+
+/* Keys picked against a known seed: the i-th insert gets the i-th
+ * number of the generator, so giving it the key of that number's rank
+ * makes the tree a path.  The same keys against another seed make a
+ * tree of the usual depth: the owner's secret seed is the defence.
+ */
+static void
+test_known_seed (void)
+{
+  enum { N = 2000 };
+  static uint32_t prio[N];
+  static size_t order[N];
+  static uint64_t key[N];
+  const uint32_t known = 12345;
+  uint32_t x = known;
+  unsigned depth[2];
+  size_t i;
+  int k;
+
+  for (i = 0; i < N; ++i) {
+    x ^= x << 13;               /* itree.c's generator. */
+    x ^= x >> 17;
+    x ^= x << 5;
+    prio[i] = x;
+    order[i] = i;
+  }
+  prio_of = prio;
+  qsort (order, N, sizeof order[0], by_prio_desc);
+  for (i = 0; i < N; ++i)
+    key[order[i]] = i;
+  for (k = 0; k < 2; ++k) {
+    struct itree t;
+
+    itree_init (&t, k == 0 ? known : known + 1);
+    for (i = 0; i < N; ++i) {
+      nodes[i].start = key[i] * 8;
+      nodes[i].end = key[i] * 8 + 4;
+      itree_insert (&t, &nodes[i]);
+    }
+    depth[k] = depth_of (t.root);
+    for (i = 0; i < N; ++i)
+      itree_remove (&t, &nodes[i]);
+  }
+  ok (depth[0] == N, "keys picked against the tree's seed make a path "
+      "(depth %u of %u)", depth[0], (unsigned) N);
+  ok (depth[1] <= 40, "against another seed, a tree of depth %u "
+      "(at most 40)", depth[1]);
+}
+
 int
 main (void)
 {
   test_random ();
   test_stop ();
   test_cost ();
+  test_known_seed ();
   return done_testing ();
 }

@@ -439,8 +439,8 @@ test_misc (void)
 
   for (i = 0; i < ARRAY_SIZE (bad); ++i) {
     struct plug_limits lim = {
-      bad[i].max_requests, bad[i].max_bytes, bad[i].max_merge,
-      bad[i].max_iov, 0,
+      .max_requests = bad[i].max_requests, .max_bytes = bad[i].max_bytes,
+      .max_merge = bad[i].max_merge, .max_iov = bad[i].max_iov,
     };
 
     errno = 0;
