@@ -73,6 +73,8 @@ enum file_state {
 struct eng_file {
   struct eng_run *head, *tail;  /* Unfinished runs, creation order. */
   struct itree index;           /* The same runs, by offset. */
+  uint64_t nr_blocked;          /* Runs in RUN_BLOCKED: none, and a
+                                 * finishing run has nobody to release. */
   struct eng_run *ready_head, *ready_tail;      /* RUN_READY runs, in the
                                                  * order they go out. */
   unsigned inflight;
@@ -571,6 +573,8 @@ run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
   struct eng_file *f = &e->files[r->run->backing];
   size_t i;
 
+  if (r->state == RUN_BLOCKED)
+    f->nr_blocked--;
   release_blocked (e, f, r);
   itree_remove (&f->index, &r->node);
   if (r->state == RUN_READY)
@@ -635,6 +639,7 @@ static void
 ready_append (struct eng_file *f, struct eng_run *r)
 {
   assert (r->state == RUN_BLOCKED && r->nr_blockers == 0);
+  f->nr_blocked--;
   r->state = RUN_READY;
   r->rnext = NULL;
   r->rprev = f->ready_tail;
@@ -731,14 +736,15 @@ walk_overlapping (struct engine *e, struct eng_file *f, struct eng_run *r,
 }
 
 /* r finishes: every newer run that overlapped it has one blocker
- * less.
+ * less.  With no run blocked (the direct path's case), nobody.
  */
 static void
 release_blocked (struct engine *e, struct eng_file *f, struct eng_run *r)
 {
   struct order_walk w = { .pieces = NULL };
 
-  walk_overlapping (e, f, r, release_one_newer, &w);
+  if (f->nr_blocked > 0)
+    walk_overlapping (e, f, r, release_one_newer, &w);
 }
 
 /* The n runs v[] of one unplug (batch), just queued to file f, count
@@ -782,6 +788,7 @@ queue_append (struct engine *e, struct eng_run *r)
   struct eng_file *f = &e->files[r->run->backing];
 
   r->state = RUN_BLOCKED;
+  f->nr_blocked++;
   r->nr_blockers = 0;
   r->rprev = r->rnext = NULL;
   r->qnext = NULL;
@@ -1619,7 +1626,8 @@ split_run (struct engine *e, struct eng_file *f, struct eng_run *r)
     made = n;
   }
   w.pieces = made;
-  walk_overlapping (e, f, r, rewait_one_newer, &w);
+  if (f->nr_blocked > 0)
+    walk_overlapping (e, f, r, rewait_one_newer, &w);
   itree_remove (&f->index, &r->node);
   /* Replace r by the pieces, in offset order, where r stood. */
   prev = r->qprev;

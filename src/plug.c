@@ -54,16 +54,18 @@ plug_init (struct plug *p, const struct plug_limits *lim,
     return -1;
   }
   p->bounds = calloc (nr_backings, sizeof *p->bounds);
-  p->held = calloc (nr_backings, sizeof *p->held);
-  if (p->bounds == NULL || p->held == NULL) {
-    free (p->bounds);
-    free (p->held);
-    p->bounds = NULL;
-    p->held = NULL;
+  if (p->bounds == NULL)
     return -1;
+  if (lim->max_requests > PLUG_SCAN_MAX) {
+    p->held = calloc (nr_backings, sizeof *p->held);
+    if (p->held == NULL) {
+      free (p->bounds);
+      p->bounds = NULL;
+      return -1;
+    }
+    for (b = 0; b < nr_backings; ++b)
+      itree_init (&p->held[b], lim->seed + b);
   }
-  for (b = 0; b < nr_backings; ++b)
-    itree_init (&p->held[b], lim->seed + b);
   p->lim = *lim;
   p->nr_backings = nr_backings;
   return 0;
@@ -99,6 +101,7 @@ plug_overlaps_seq (const struct plug *p, uint32_t backing,
                    uint64_t offset, uint64_t count, uint64_t max_seq)
 {
   uint64_t visits = 0;
+  size_t i;
 
   assert (backing < p->nr_backings);
   if (count == 0)
@@ -110,8 +113,17 @@ plug_overlaps_seq (const struct plug *p, uint32_t backing,
                        p->bounds[backing].hi - p->bounds[backing].lo,
                        offset, count))
     return false;
-  return itree_overlapping (&p->held[backing], offset, offset + count,
-                            seq_at_most, &max_seq, &visits);
+  if (p->held != NULL)
+    return itree_overlapping (&p->held[backing], offset, offset + count,
+                              seq_at_most, &max_seq, &visits);
+  for (i = 0; i < p->reqs.len; ++i) {
+    const struct plug_req *h = p->reqs.ptr[i];
+
+    if (h->backing == backing && h->seq <= max_seq &&
+        ranges_overlap (h->offset, h->count, offset, count))
+      return true;
+  }
+  return false;
 }
 
 int
@@ -140,9 +152,11 @@ plug_add (struct plug *p, struct plug_req *r)
     p->bounds[r->backing].hi = MAX (p->bounds[r->backing].hi,
                                     r->offset + r->count);
   }
-  r->node.start = r->offset;
-  r->node.end = r->offset + r->count;
-  itree_insert (&p->held[r->backing], &r->node);
+  if (p->held != NULL) {
+    r->node.start = r->offset;
+    r->node.end = r->offset + r->count;
+    itree_insert (&p->held[r->backing], &r->node);
+  }
   if (r->op == PLUG_OP_WRITE)
     p->bytes += r->count;
   r->seq = p->next_seq++;
@@ -290,7 +304,8 @@ plug_take_runs (struct plug *p, plug_run_vector *runs)
   p->multiple_backings = false;
   for (b = 0; b < p->nr_backings; ++b) {
     p->bounds[b].lo = p->bounds[b].hi = 0;
-    itree_clear (&p->held[b]);  /* The nodes went with their requests. */
+    if (p->held != NULL)
+      itree_clear (&p->held[b]); /* The nodes went with their requests. */
   }
   return 0;
 }

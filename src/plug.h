@@ -147,13 +147,17 @@ struct plug {
    * known not to conflict without a scan.  Owned: [nr_backings].
    */
   struct { uint64_t lo, hi; } *bounds;
-  /* Per backing file, the held requests by offset, so that a request
-   * inside the bounds costs O(log n), not a scan of the plug (a plug
-   * of max-requests=1048576 would make that quadratic).  Owned:
-   * [nr_backings]; the nodes are the requests'.
+  /* A plug of more than PLUG_SCAN_MAX requests keeps, per backing
+   * file, the held requests by offset, so that a request inside the
+   * bounds costs O(log n), not a scan of the plug (with
+   * max-requests=1048576 the scans were quadratic).  A smaller one
+   * scans: keeping the index cost more than the scan at the default
+   * 256.  Owned: [nr_backings] or NULL; the nodes are the requests'.
    */
   struct itree *held;
 };
+
+#define PLUG_SCAN_MAX 512
 
 /* Initialise an empty plug.  Returns 0, or -1 with errno (ENOMEM,
  * EINVAL for a zero limit).
