@@ -1680,19 +1680,21 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
   uint64_t deadline;
 
   STATS_ADD (r->conn->stats->eagain, 1);
-  if (r->first_fail_ns == 0)
-    r->first_fail_ns = now ? now : 1;
-  deadline = eng_add_ns (r->first_fail_ns, e->cfg.retry.timeout_ns);
+  if (f->retry.since_ns == 0)
+    f->retry.since_ns = now ? now : 1;
+  deadline = eng_add_ns (f->retry.since_ns, e->cfg.retry.timeout_ns);
   if (now >= deadline) {
     STATS_ADD (r->conn->stats->gave_up, 1);
     log_run (e, r, "giving up after retry-timeout", EAGAIN, now);
     run_finish (e, r, EIO, now, out);
-    /* A queue stalled until a completion, with nothing left in flight,
-     * would wait for ever: it backs off instead (the backend still
-     * says "not now").
+    /* The file has said "not now" for retry-timeout: each queued run
+     * gets one more attempt at once, and gives up too if it is refused
+     * (so a close or exit ends within retry-timeout plus one attempt
+     * per run).  With nothing left in flight, a stalled queue would
+     * otherwise wait for ever.
      */
-    if (f->state == FILE_STALLED && f->inflight == 0)
-      delay_queue (e, f, now, UINT64_MAX);
+    if (f->inflight == 0)
+      f->state = FILE_RUNNING;
     return;
   }
   ready_push (f, r);

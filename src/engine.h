@@ -208,7 +208,6 @@ struct eng_run {
   struct itree_node node;       /* Its file's index of unfinished runs. */
   struct eng_run *rprev, *rnext;        /* RUN_READY: its file's ready
                                          * list. */
-  uint64_t first_fail_ns;       /* First "not now", 0 if none. */
   uint64_t issued_ns;           /* Last issued (hold mode's pacing). */
   struct eng_run *qprev, *qnext;        /* Its file's queue. */
   /* Set by the engine, read by the issuer: made by a FLUSH's unplugs,

@@ -34,4 +34,5 @@ void
 retry_reset (struct retry_state *s)
 {
   s->attempts = 0;
+  s->since_ns = 0;
 }

@@ -27,12 +27,16 @@ struct retry_policy {
                                  * failure (retry-timeout=). */
 };
 
-/* The backoff of one queue.  The give-up deadline is the run's own
- * (engine.c: first_fail_ns), not the queue's: runs of one queue fail at
- * different times.
+/* The backoff of one queue, and since when it says "not now".  The
+ * give-up deadline is the queue's (retry-timeout= "when a backing file
+ * has said not now" for that long), not each run's: with one slot, runs
+ * that each waited their own timeout would give up one after another,
+ * N times retry-timeout for N runs.
  */
 struct retry_state {
   unsigned attempts;            /* Delays so far; 0 = not delayed. */
+  uint64_t since_ns;            /* First "not now" since the last
+                                 * success; 0: none. */
 };
 
 /* Is err a "not now" (resource shortage) rather than a failure?

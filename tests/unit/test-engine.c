@@ -241,39 +241,71 @@ test_eagain_at_close (void)
   free_all ();
 }
 
-/* A run that gives up after retry-timeout of "not now" is a completion
- * too: a file that waited for one (FILE_STALLED) with nothing else in
- * flight must not wait for ever.  Hold mode, max-inflight=2: B gets
- * EAGAIN while A is in flight, is retried, C is queued; past B's
- * retry-timeout C gets EAGAIN (stalled behind B) and B gives up.
+/* retry-timeout= is the file's: a run gives up when its file has said
+ * "not now" for that long, since its last success, whoever it said it
+ * to.  Hold mode, max-inflight=2: B gets EAGAIN while A is in flight
+ * (the queue waits for a completion); past retry-timeout A gets EAGAIN
+ * too and gives up, and B, with nothing left in flight to restart its
+ * queue, must be issued at once and give up at its next refusal.
  */
 static void
 test_give_up_restarts_stalled (void)
 {
   struct eng_conn *c;
-  struct req *b, *cc;
-  int i;
+  struct req *a, *b, *d;
 
   e = make (ENG_HOLD, 2, 1 << 20, 1);
   c = conn ();
-  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, ENG_F_FUA));
+  a = submit (c, mkreq (ENG_WRITE, 0, 0, 4096, ENG_F_FUA));
   b = submit (c, mkreq (ENG_WRITE, 0, 8192, 4096, ENG_F_FUA));
+  ok (nr_inflight == 2, "A and B are in flight");
   complete_at (0, 8192, EAGAIN);
-  complete_at (0, 0, 0);
-  cc = submit (c, mkreq (ENG_WRITE, 0, 16384, 4096, ENG_F_FUA));
-  ok (nr_inflight == 2, "B is retried, C issued beside it");
   now += 2000 * MS;
-  complete_at (0, 16384, EAGAIN);
-  complete_at (0, 8192, EAGAIN);
-  ok (b->res.answered && b->res.err == EIO && nr_inflight == 0,
-      "B gives up after retry-timeout (%s), nothing is in flight",
-      strerror (b->res.err));
-  for (i = 0; i < 100 && nr_inflight == 0; ++i)
-    tick (engine_next_deadline (e) == UINT64_MAX ? 1000 * MS :
-          engine_next_deadline (e) - now);
-  ok (nr_inflight == 1, "C is issued again after %d timer(s)", i);
+  complete_at (0, 0, EAGAIN);
+  ok (a->res.answered && a->res.err == EIO && nr_inflight == 1,
+      "past retry-timeout A gives up (%s), and B is issued again at once",
+      strerror (a->res.err));
+  complete_all (EAGAIN);
+  ok (b->res.answered && b->res.err == EIO,
+      "B gives up at its next refusal (%s)", strerror (b->res.err));
+  d = submit (c, mkreq (ENG_WRITE, 0, 16384, 4096, ENG_F_FUA));
   complete_all (0);
-  ok (cc->res.answered && cc->res.err == 0, "and answered");
+  ok (d->res.answered && d->res.err == 0,
+      "the backend recovered: a new write is written");
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
+/* A backend that refuses everything, one slot: N FUA writes are all
+ * answered (with EIO) about retry-timeout after the first refusal, not
+ * N times retry-timeout, as they were when each run had its own clock.
+ */
+static void
+test_give_up_many_queued (void)
+{
+  enum { N = 20 };
+  struct eng_conn *c;
+  struct req *w[N];
+  uint64_t start = now;
+  unsigned i, answered = 0, guard = 0;
+
+  e = make (ENG_HOLD, 1, 1 << 20, 1);
+  c = conn ();
+  for (i = 0; i < N; ++i)
+    w[i] = submit (c, mkreq (ENG_WRITE, 0, i * 8192ULL, 4096, ENG_F_FUA));
+  while (answered < N && guard++ < 100000) {
+    if (nr_inflight > 0)
+      complete_all (EAGAIN);
+    else
+      tick (engine_next_deadline (e) - now);
+    for (answered = 0, i = 0; i < N; ++i)
+      answered += w[i]->res.answered && w[i]->res.err == EIO;
+  }
+  ok (answered == N, "all %u writes are refused with EIO", (unsigned) N);
+  ok (now - start <= 2000 * MS, "within %" PRIu64 " ms of the first "
+      "refusal (retry-timeout 1000 ms; at most 2000)",
+      (uint64_t) ((now - start) / MS));
   close_conn (c, 0);
   engine_free (e);
   free_all ();
@@ -1155,6 +1187,7 @@ main (void)
   test_close_stuck_backend ();
   test_eagain_at_close ();
   test_give_up_restarts_stalled ();
+  test_give_up_many_queued ();
   test_bad_pieces_refused ();
   test_failing_neighbour ();
   test_deferred_to_new_connection ();
