@@ -1145,7 +1145,8 @@ refuse_waiter (struct eng_conn *c, struct eng_op *op, struct eng_actions *out)
 }
 
 /* Are op's pieces ranges the plug and the indexes can hold: at least
- * one, each of a file that exists, not empty, and ending before 2^64?
+ * one (a read may have none), each of a file that exists, not empty,
+ * and ending before 2^64?
  * (nbdkit refuses empty requests and the layout keeps offsets within
  * the files; the engine does not rely on either.)
  */
@@ -1154,7 +1155,7 @@ pieces_valid (const struct engine *e, const struct eng_op *op)
 {
   size_t i;
 
-  if (op->nr_pieces == 0)
+  if (op->nr_pieces == 0 && op->kind != ENG_READ)
     return false;
   for (i = 0; i < op->nr_pieces; ++i) {
     const struct plug_req *p = &op->pieces[i];
@@ -1535,6 +1536,10 @@ engine_submit (struct engine *e, struct eng_conn *c, struct eng_op *op,
     submit_flush (e, c, op, now, out);
     return 0;
   case ENG_READ:
+    if (!pieces_valid (e, op)) {
+      errno = EINVAL;
+      return -1;
+    }
     submit_read (e, c, op, now, out);
     return 0;
   case ENG_CLOSE:

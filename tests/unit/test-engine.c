@@ -347,6 +347,15 @@ test_bad_pieces_refused (void)
         "submit refuses %s with EINVAL (%s)", bad[i].what,
         strerror (q->res.err));
   }
+  q = mkreq (ENG_READ, 0, UINT64_MAX - 1023, 4096, 0);
+  submit (c, q);
+  ok (q->res.answered && q->res.err == EINVAL,
+      "a read past 2^64 is refused with EINVAL (%s)", strerror (q->res.err));
+  q = mkreq (ENG_READ, 5, 0, 4096, 0);
+  submit (c, q);
+  ok (q->res.answered && q->res.err == EINVAL,
+      "a read of a file that does not exist too (%s)",
+      strerror (q->res.err));
   complete_all (0);
   engine_counts (e, &n);
   ok (n.held == 0 && n.queued == 0 && n.unfinished == 0,
