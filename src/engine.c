@@ -45,9 +45,6 @@
  */
 #define LONE_STREAK 2
 
-#define container_of(ptr, type, member) \
-  ((type *) ((char *) (ptr) - offsetof (type, member)))
-
 struct op_list {
   struct eng_op *head, *tail;
 };
@@ -632,7 +629,7 @@ run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
 static struct eng_run *
 run_of_node (struct itree_node *node)
 {
-  return container_of (node, struct eng_run, node);
+  return itree_entry (node, struct eng_run, node);
 }
 
 static void
@@ -804,15 +801,22 @@ queue_append (struct engine *e, struct eng_run *r)
 }
 
 static void
-run_issue (struct eng_file *f, struct eng_run *r, uint64_t now,
+run_start (struct eng_file *f, struct eng_run *r, uint64_t now,
            struct eng_actions *out)
 {
-  ready_remove (f, r);
   r->state = RUN_INFLIGHT;
   r->issued_ns = now;
   f->nr_queued--;
   f->inflight++;
   act_issue (out, r);
+}
+
+static void
+run_issue (struct eng_file *f, struct eng_run *r, uint64_t now,
+           struct eng_actions *out)
+{
+  ready_remove (f, r);
+  run_start (f, r, now, out);
 }
 
 /* Issue file b's ready runs, in order, as far as its slots allow.
@@ -867,10 +871,9 @@ static bool
 queue_overlaps (const struct engine *e, uint32_t b, uint64_t offset,
                 uint64_t count, uint64_t max_seq)
 {
-  uint64_t visits = 0;          /* Not QUEUE ORDER's: not counted. */
-
+  /* Not QUEUE ORDER's steps: not counted. */
   return itree_overlapping (&e->files[b].index, offset, offset + count,
-                            holds_seq_at_most, &max_seq, &visits);
+                            holds_seq_at_most, &max_seq, NULL);
 }
 
 static bool
@@ -1223,6 +1226,7 @@ issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
              uint64_t now, struct eng_actions *out)
 {
   struct eng_run *made = NULL, *r, *next;
+  struct eng_file *f;
   size_t i;
 
   /* Make every run first: the only failure point comes before any
@@ -1253,9 +1257,13 @@ issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
     r->batch = e->next_batch++;
     r->min_seq = op->seq;
     queue_append (e, r);
-    /* can_issue_now: nothing unfinished overlaps it. */
-    set_blockers (&e->files[r->run->backing], r, 0);
-    run_issue (&e->files[r->run->backing], r, now, out);
+    /* can_issue_now: nothing unfinished overlaps it, and its file has
+     * a slot: straight in flight, never on the ready list.
+     */
+    f = &e->files[r->run->backing];
+    assert (r->state == RUN_BLOCKED && r->nr_blockers == 0);
+    f->nr_blocked--;
+    run_start (f, r, now, out);
   }
   return 0;
 }
@@ -1662,27 +1670,12 @@ split_run (struct engine *e, struct eng_file *f, struct eng_run *r)
   return 0;
 }
 
-/* blk_delay_queue, with a capped backoff, but no later than deadline
- * (so that a run gets its whole retry-timeout, never more).
- */
-static void
-delay_queue (struct engine *e, struct eng_file *f, uint64_t now,
-             uint64_t deadline)
-{
-  uint64_t delay = retry_delay (&e->cfg.retry, f->retry.attempts);
-
-  if (f->retry.attempts < 64)
-    f->retry.attempts++;
-  f->state = FILE_DELAYED;
-  f->delay_until = MIN (eng_add_ns (now, delay), deadline);
-}
-
 /* "Not now" on run r of file f. */
 static void
 not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
          uint64_t now, struct eng_actions *out)
 {
-  uint64_t deadline;
+  uint64_t deadline, delay;
 
   STATS_ADD (r->conn->stats->eagain, 1);
   if (f->retry.since_ns == 0)
@@ -1704,10 +1697,18 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
   }
   ready_push (f, r);
   f->nr_queued++;
-  if (f->inflight > 0)
+  if (f->inflight > 0) {
     f->state = FILE_STALLED;
-  else
-    delay_queue (e, f, now, deadline);
+    return;
+  }
+  /* blk_delay_queue, with a capped backoff; the last retry lands on the
+   * deadline, so that the file gets its whole retry-timeout, never more.
+   */
+  delay = retry_delay (&e->cfg.retry, f->retry.attempts);
+  if (f->retry.attempts < 64)
+    f->retry.attempts++;
+  f->state = FILE_DELAYED;
+  f->delay_until = MIN (eng_add_ns (now, delay), deadline);
 }
 
 void

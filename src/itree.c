@@ -169,7 +169,8 @@ walk (struct itree_node *t, uint64_t start, uint64_t end, itree_fn fn,
   if (walk (t->left, start, end, fn, opaque, visits))
     return true;
   if (t->start >= end)
-    return false;               /* So does everything to the right. */
+    return false;               /* It and everything to its right start
+                                 * at or after end. */
   if (t->end > start && fn (t, opaque))
     return true;
   return walk (t->right, start, end, fn, opaque, visits);
@@ -179,7 +180,13 @@ bool
 itree_overlapping (const struct itree *t, uint64_t start, uint64_t end,
                    itree_fn fn, void *opaque, uint64_t *visits)
 {
+  uint64_t n = 0;
+  bool stopped;
+
   if (start >= end)
     return false;
-  return walk (t->root, start, end, fn, opaque, visits);
+  stopped = walk (t->root, start, end, fn, opaque, &n);
+  if (visits != NULL)
+    *visits += n;
+  return stopped;
 }

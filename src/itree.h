@@ -36,6 +36,10 @@ struct itree_node {
   struct itree_node *left, *right;
 };
 
+/* The owner of node, a struct type with the node as its member. */
+#define itree_entry(node, type, member) \
+  ((type *) ((char *) (node) - offsetof (type, member)))
+
 struct itree {
   struct itree_node *root;
   size_t n;
@@ -64,12 +68,13 @@ extern void itree_remove (struct itree *t, struct itree_node *node)
 /* Call fn(node, opaque) for each node of t that overlaps [start, end),
  * in order of start, until fn returns true.  fn must not insert or
  * remove nodes.  Returns true if fn stopped the walk.  Adds the nodes
- * looked at to *visits (the cost, for tests and statistics).
+ * looked at to *visits (the cost, for tests and statistics) unless
+ * visits is NULL.
  */
 typedef bool (*itree_fn) (struct itree_node *node, void *opaque);
 extern bool itree_overlapping (const struct itree *t, uint64_t start,
                                uint64_t end, itree_fn fn, void *opaque,
                                uint64_t *visits)
-  __attribute__ ((__nonnull__ (1, 4, 6)));
+  __attribute__ ((__nonnull__ (1, 4)));
 
 #endif /* NBDPLUG_ITREE_H */

@@ -90,8 +90,7 @@ ranges_overlap (uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
 static bool
 seq_at_most (struct itree_node *node, void *opaque)
 {
-  const struct plug_req *h = (const struct plug_req *)
-    ((const char *) node - offsetof (struct plug_req, node));
+  const struct plug_req *h = itree_entry (node, struct plug_req, node);
 
   return h->seq <= *(const uint64_t *) opaque;
 }
@@ -100,7 +99,6 @@ bool
 plug_overlaps_seq (const struct plug *p, uint32_t backing,
                    uint64_t offset, uint64_t count, uint64_t max_seq)
 {
-  uint64_t visits = 0;
   size_t i;
 
   assert (backing < p->nr_backings);
@@ -115,7 +113,7 @@ plug_overlaps_seq (const struct plug *p, uint32_t backing,
     return false;
   if (p->held != NULL)
     return itree_overlapping (&p->held[backing], offset, offset + count,
-                              seq_at_most, &max_seq, &visits);
+                              seq_at_most, &max_seq, NULL);
   for (i = 0; i < p->reqs.len; ++i) {
     const struct plug_req *h = p->reqs.ptr[i];
 
