@@ -123,8 +123,7 @@ request_new (enum eng_kind kind, uint64_t offset, uint64_t count,
       errno = EINVAL;
       return NULL;
     }
-    while (layout_iter_next (&it, &piece))
-      n++;
+    n = layout_nr_pieces (&layout, offset, count);
   }
   r = request_alloc (n, room);
   if (r == NULL) {
@@ -142,8 +141,6 @@ request_new (enum eng_kind kind, uint64_t offset, uint64_t count,
   if (flags & ENG_F_FAST)
     pflags |= PLUG_F_FAST;
 
-  if (n > 0)
-    layout_iter_init (&it, &layout, offset, count);
   while (i < n && layout_iter_next (&it, &piece)) {
     struct plug_req *p = &r->pieces[i++];
 

@@ -423,8 +423,10 @@ engine_conn_open (struct engine *e, struct plug_stats *stats)
   c->e = e;
   c->stats = stats;
   c->deferred = e->deferred;
-  for (i = 0; i < NR_RECENT; ++i)
-    c->recent_start[i] = c->recent_end[i] = UINT64_MAX;
+  for (i = 0; i < NR_RECENT; ++i) {
+    c->recent_start[i] = UINT64_MAX;    /* Empty: near nothing. */
+    c->recent_end[i] = 0;
+  }
   c->next = e->conns;
   if (e->conns)
     e->conns->prev = c;
@@ -1199,21 +1201,16 @@ can_issue_now (struct engine *e, const struct eng_op *op)
 static struct eng_run *
 single_run (const struct engine *e, struct plug_req *p)
 {
-  char *mem = calloc (1, e->run_prefix + sizeof (struct plug_run) +
-                      sizeof (struct plug_req *));
-  struct plug_run *pr;
+  struct plug_run *pr = plug_run_alloc (e->run_prefix, 1);
   struct eng_run *r;
 
-  if (mem == NULL)
+  if (pr == NULL)
     return NULL;
-  pr = (struct plug_run *) (mem + e->run_prefix);
-  pr->prefix = e->run_prefix;
   pr->op = p->op;
   pr->flags = p->flags;
   pr->backing = p->backing;
   pr->offset = p->offset;
   pr->count = p->count;
-  pr->n = 1;
   pr->reqs[0] = p;
   r = run_of (pr);
   r->run = pr;
@@ -1249,6 +1246,9 @@ issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
   op->seq = e->next_seq++;
   unf_append (e, op);
   c->nr_unfinished++;
+  /* As admit counts them: op_finish takes them off. */
+  c->bytes += op->bytes;
+  e->bytes += op->bytes;
   c->last_activity_ns = now;
   for (r = made; r != NULL; r = next) {
     next = r->issue_next;
@@ -1279,13 +1279,25 @@ near_recent (struct engine *e, struct eng_conn *c, uint64_t offset,
              uint64_t count)
 {
   uint64_t window = MIN ((uint64_t) NR_RECENT * count, e->cfg.lim.max_merge);
+  /* Near [s, e) when e + window >= offset and s <= offset + count +
+   * window, both saturating: the bounds are computed once.  Newest
+   * first, where a stream finds its neighbour at once; random writes,
+   * the direct path's case, look at every slot.  Empty slots are [MAX,
+   * 0), which hi < MAX keeps from ever being near.
+   */
+  uint64_t lo = offset > window ? offset - window : 0;
+  uint64_t hi = MIN (eng_add_ns (offset + count, window), UINT64_MAX - 1);
   bool near = false;
-  size_t i;
+  unsigned i;
 
-  for (i = 0; i < NR_RECENT && !near; ++i)
-    near = c->recent_end[i] != UINT64_MAX &&
-      offset <= eng_add_ns (c->recent_end[i], window) &&
-      c->recent_start[i] <= eng_add_ns (offset + count, window);
+  for (i = 1; i <= NR_RECENT; ++i) {
+    unsigned k = (c->recent_pos - i) % NR_RECENT;
+
+    if (c->recent_end[k] >= lo && c->recent_start[k] <= hi) {
+      near = true;
+      break;
+    }
+  }
   c->recent_start[c->recent_pos % NR_RECENT] = offset;
   c->recent_end[c->recent_pos++ % NR_RECENT] = offset + count;
   return near;

@@ -176,6 +176,21 @@ layout_iter_next (struct layout_iter *it, struct layout_piece *piece)
   return 1;
 }
 
+size_t
+layout_nr_pieces (const struct layout *l, uint64_t offset, uint64_t count)
+{
+  uint64_t last = offset + count - 1;
+
+  if (count == 0)
+    return 0;
+  /* A piece ends at a file's end (concat) or a unit's end (stripe),
+   * even where the next unit lands in the same file (nr == 1).
+   */
+  if (l->stripe == 0)
+    return concat_file (l, last) - concat_file (l, offset) + 1;
+  return last / l->stripe - offset / l->stripe + 1;
+}
+
 uint64_t
 layout_export_offset (const struct layout *l, uint32_t backing, uint64_t off)
 {

@@ -99,6 +99,14 @@ extern int layout_iter_next (struct layout_iter *it,
                              struct layout_piece *piece)
   __attribute__ ((__nonnull__ (1, 2)));
 
+/* How many pieces layout_iter_next gives for a range that
+ * layout_iter_init accepted, without mapping them: O(1) when striped,
+ * O(log nr) when concatenated.
+ */
+extern size_t layout_nr_pieces (const struct layout *l, uint64_t offset,
+                                uint64_t count)
+  __attribute__ ((__nonnull__ (1)));
+
 /* Export offset of a byte of a backing file: the inverse of the mapping.
  * Used by extents and by tests.  Requires off < sizes[backing].
  */

@@ -95,6 +95,39 @@ seq_at_most (struct itree_node *node, void *opaque)
   return h->seq <= *(const uint64_t *) opaque;
 }
 
+/* Is a before b in (backing, offset, seq) order? */
+static bool
+req_before (const struct plug_req *a, const struct plug_req *b)
+{
+  if (a->backing != b->backing)
+    return a->backing < b->backing;
+  if (a->offset != b->offset)
+    return a->offset < b->offset;
+  return a->seq < b->seq;
+}
+
+/* In a plug in order, the first held request of this backing file
+ * that ends after offset, or the end: held requests never overlap
+ * (plug_add), so within one file their ends rise with their offsets.
+ */
+static size_t
+first_ending_after (const struct plug *p, uint32_t backing, uint64_t offset)
+{
+  size_t lo = 0, hi = p->reqs.len;
+
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    const struct plug_req *h = p->reqs.ptr[mid];
+
+    if (h->backing < backing ||
+        (h->backing == backing && h->offset + h->count <= offset))
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 bool
 plug_overlaps_seq (const struct plug *p, uint32_t backing,
                    uint64_t offset, uint64_t count, uint64_t max_seq)
@@ -114,6 +147,17 @@ plug_overlaps_seq (const struct plug *p, uint32_t backing,
   if (p->held != NULL)
     return itree_overlapping (&p->held[backing], offset, offset + count,
                               seq_at_most, &max_seq, NULL);
+  if (p->order == PLUG_IN_ORDER) {
+    for (i = first_ending_after (p, backing, offset); i < p->reqs.len; ++i) {
+      const struct plug_req *h = p->reqs.ptr[i];
+
+      if (h->backing != backing || h->offset >= offset + count)
+        return false;
+      if (h->seq <= max_seq)
+        return true;
+    }
+    return false;
+  }
   for (i = 0; i < p->reqs.len; ++i) {
     const struct plug_req *h = p->reqs.ptr[i];
 
@@ -122,6 +166,28 @@ plug_overlaps_seq (const struct plug *p, uint32_t backing,
       return true;
   }
   return false;
+}
+
+/* r was just appended: move it back to its place while the plug is in
+ * order, or give the order up if its place is too far back.
+ */
+static void
+place_last (struct plug *p, struct plug_req *r)
+{
+  size_t n = p->reqs.len - 1, at = n;
+
+  if (p->order != PLUG_IN_ORDER)
+    return;
+  while (at > 0 && n - at < PLUG_SORT_SLACK &&
+         req_before (r, p->reqs.ptr[at - 1]))
+    at--;
+  if (at > 0 && req_before (r, p->reqs.ptr[at - 1])) {
+    p->order = PLUG_ARRIVAL;
+    return;
+  }
+  memmove (&p->reqs.ptr[at + 1], &p->reqs.ptr[at],
+           (n - at) * sizeof p->reqs.ptr[0]);
+  p->reqs.ptr[at] = r;
 }
 
 int
@@ -140,6 +206,8 @@ plug_add (struct plug *p, struct plug_req *r)
   }
   else if (r->backing != p->reqs.ptr[0]->backing)
     p->multiple_backings = true;
+  r->seq = p->next_seq++;
+  place_last (p, r);
 
   if (p->bounds[r->backing].lo == p->bounds[r->backing].hi) {
     p->bounds[r->backing].lo = r->offset;
@@ -157,7 +225,6 @@ plug_add (struct plug *p, struct plug_req *r)
   }
   if (r->op == PLUG_OP_WRITE)
     p->bytes += r->count;
-  r->seq = p->next_seq++;
   return 0;
 }
 
@@ -216,21 +283,15 @@ can_merge (const struct plug_req *a, const struct plug_req *b,
 static struct plug_run *
 make_run (struct plug_req *const *reqs, size_t n, size_t prefix)
 {
-  struct plug_run *run;
-  char *mem;
+  struct plug_run *run = plug_run_alloc (prefix, n);
   size_t i;
 
-  mem = calloc (1, prefix + sizeof *run + n * sizeof run->reqs[0]);
-  if (mem == NULL)
+  if (run == NULL)
     return NULL;
-  run = (struct plug_run *) (mem + prefix);
-  run->prefix = prefix;
   run->op = reqs[0]->op;
   run->flags = reqs[0]->flags;
   run->backing = reqs[0]->backing;
   run->offset = reqs[0]->offset;
-  run->count = 0;
-  run->n = n;
   for (i = 0; i < n; ++i) {
     run->reqs[i] = reqs[i];
     run->count += reqs[i]->count;
@@ -285,11 +346,13 @@ plug_take_runs (struct plug *p, plug_run_vector *runs)
 
   if (p->reqs.len == 0)
     return 0;
-  /* Sorting in place is safe even if merging then fails: the plug's
-   * order is only arrival order for our own bookkeeping, and seq keeps
-   * the arrival order recoverable.
+  /* Sorting in place is safe even if merging then fails: the plug is
+   * in order from then on, and seq keeps the arrival order recoverable.
    */
-  plug_sort (p->reqs.ptr, p->reqs.len);
+  if (p->order != PLUG_IN_ORDER) {
+    plug_sort (p->reqs.ptr, p->reqs.len);
+    p->order = PLUG_IN_ORDER;
+  }
   if (plug_merge (p->reqs.ptr, p->reqs.len, &p->lim, runs) == -1)
     return -1;
 

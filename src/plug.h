@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "itree.h"
 #include "vector.h"
@@ -111,6 +112,28 @@ plug_run_prefix (struct plug_run *run)
   return (char *) run - run->prefix;
 }
 
+/* A run of n members behind an owner's prefix of `prefix` bytes, the
+ * prefix and the run's header zeroed, the member pointers left to the
+ * caller, or NULL on ENOMEM.  Not calloc: glibc's calloc bypasses the
+ * thread cache that malloc takes from, and a run is made (and freed)
+ * for every direct write.
+ */
+static inline struct plug_run *
+plug_run_alloc (size_t prefix, size_t n)
+{
+  size_t header = prefix + sizeof (struct plug_run);
+  char *mem = malloc (header + n * sizeof (struct plug_req *));
+  struct plug_run *run;
+
+  if (mem == NULL)
+    return NULL;
+  memset (mem, 0, header);
+  run = (struct plug_run *) (mem + prefix);
+  run->prefix = prefix;
+  run->n = n;
+  return run;
+}
+
 /* Free one run (and its prefix). */
 static inline void
 plug_run_free (struct plug_run *run)
@@ -134,10 +157,27 @@ struct plug_limits {
                                  * of _Alignof (max_align_t).  0: none. */
 };
 
+/* How the held requests lie in plug.reqs.  A sequential writer's
+ * requests arrive nearly in offset order (nbdkit's worker threads
+ * shuffle them only a little), and each is put in its place as it
+ * comes: the unplug then has nothing to sort, and a request landing
+ * inside the held range (in a gap the shuffle left) is looked up by
+ * binary search.  A request whose place is more than PLUG_SORT_SLACK
+ * back (random writes) turns the plug to arrival order until it is
+ * next emptied: the unplug sorts, a lookup scans (or asks the index).
+ */
+enum plug_order {
+  PLUG_IN_ORDER = 0,            /* Sorted by (backing, offset). */
+  PLUG_ARRIVAL,                 /* Appended as they came. */
+};
+
+#define PLUG_SORT_SLACK 32
+
 struct plug {
   struct plug_limits lim;
   uint32_t nr_backings;
-  plug_req_vector reqs;         /* Held requests, arrival order. */
+  plug_req_vector reqs;         /* Held requests, in `order`. */
+  enum plug_order order;
   uint64_t bytes;               /* Write bytes held. */
   uint64_t oldest_ns;           /* arrival_ns of the first held request. */
   uint64_t next_seq;

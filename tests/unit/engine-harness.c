@@ -73,6 +73,7 @@ perform (struct eng_actions *a)
 uint64_t make_max_delay_ns = 60000 * MS;
 
 unsigned make_max_requests = 256;
+bool make_direct = false;
 
 struct engine *
 make (enum eng_mode mode, unsigned max_inflight, uint64_t max_bytes,
@@ -86,7 +87,7 @@ make (enum eng_mode mode, unsigned max_inflight, uint64_t max_bytes,
     .lim = { .max_requests = make_max_requests, .max_bytes = max_bytes,
              .max_merge = 1 << 20, .max_iov = 1024 },
     .max_inflight = max_inflight,
-    .direct = false,
+    .direct = make_direct,
     .retry = { .delay_ns = 3 * MS, .max_delay_ns = 100 * MS,
                .timeout_ns = 1000 * MS },
   };

@@ -56,6 +56,7 @@ extern unsigned long nr_answers;
 /* max-delay= and max-requests= of the next engine made. */
 extern uint64_t make_max_delay_ns;
 extern unsigned make_max_requests;
+extern bool make_direct;
 
 /* The statistics every connection counts into. */
 extern struct plug_stats stats;

@@ -311,6 +311,76 @@ test_give_up_many_queued (void)
   free_all ();
 }
 
+/* Would the direct path take a 4 KiB write at off?  Whatever it
+ * decides, the write is then done: the direct path remembers every
+ * request it was asked about.
+ */
+static bool
+goes_direct (struct eng_conn *c, uint64_t off)
+{
+  struct req *q = mkreq (ENG_WRITE, 0, off, 4096, 0);
+  struct eng_actions a;
+  bool direct;
+
+  eng_actions_init (&a);
+  direct = engine_try_direct (e, c, &q->op, now, &a);
+  perform (&a);
+  if (!direct)
+    submit (c, q);
+  complete_all (0);
+  return direct;
+}
+
+/* The direct path takes what could not merge: a request near none of
+ * the connection's last 16 (within 16 requests of its size, capped at
+ * max-merge) goes straight to its file.
+ */
+static void
+test_direct_near_recent (void)
+{
+  struct eng_conn *c;
+  const uint64_t K = 4096, window = 16 * K;
+  struct eng_counts n;
+  unsigned i, direct;
+
+  make_direct = true;
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  make_direct = false;
+  c = conn ();
+  const uint64_t G = 1 << 30;
+
+  ok (goes_direct (c, 0), "a connection's first write, at 0, goes direct "
+      "(an empty slot is near nothing)");
+  ok (!goes_direct (c, K), "the next block is near it: plugged");
+  /* Each probe in a region of its own, a GiB from any other. */
+  ok (goes_direct (c, G), "a write far from all goes direct");
+  ok (!goes_direct (c, G + K + window), "a write the window after a "
+      "recent one's end is near");
+  ok (goes_direct (c, 2 * G), "a write far from all goes direct");
+  ok (goes_direct (c, 2 * G + K + window + 1), "one byte further goes "
+      "direct");
+  ok (goes_direct (c, 3 * G), "a write far from all goes direct");
+  ok (!goes_direct (c, 3 * G - window - K), "a write ending the window "
+      "before a recent one is near");
+  ok (goes_direct (c, 4 * G), "a write far from all goes direct");
+  ok (goes_direct (c, 4 * G - window - K - 1), "one byte further goes "
+      "direct");
+  for (i = 0, direct = 0; i < 16; ++i)
+    direct += goes_direct (c, (i + 8) * G);
+  ok (direct == 16, "16 writes a GiB apart all go direct (%u)", direct);
+  ok (goes_direct (c, 3 * K), "the first writes are forgotten after 16 "
+      "more: near them is direct again");
+  ok (!goes_direct (c, 9 * G + K), "the 16th last write is still "
+      "remembered");
+  ok (goes_direct (c, 8 * G + K), "the 17th last is not");
+  close_conn (c, 0);
+  engine_counts (e, &n);
+  ok (n.bytes == 0, "copied bytes counted back to 0 (%" PRIu64 "): a "
+      "direct write's count as the plugged ones'", n.bytes);
+  engine_free (e);
+  free_all ();
+}
+
 /* Pieces the layout never makes are refused, not taken in: an empty
  * one, and one whose end passes 2^64.
  */
@@ -1217,6 +1287,7 @@ main (void)
   test_split_keeps_order ();
   test_queue_order_large_batches ();
   test_queue_order_chain ();
+  test_direct_near_recent ();
   ok (order_violations == 0, "no test saw a run issued over an "
       "overlapping run in flight (%u)", order_violations);
   return done_testing ();

@@ -133,6 +133,10 @@ check_range (const struct layout *l, const uint64_t *sizes,
     *why = "pieces do not add up to count";
     return -1;
   }
+  if (layout_nr_pieces (l, offset, count) != (size_t) n) {
+    *why = "layout_nr_pieces disagrees with the iterator";
+    return -1;
+  }
   return n;
 }
 
@@ -272,7 +276,8 @@ test_concat_fixed (void)
         good = false;
       buf += p.count;
     }
-    ok (good && j == cases[i].n,
+    ok (good && j == cases[i].n &&
+        layout_nr_pieces (&l, cases[i].offset, cases[i].count) == j,
         "concat [%" PRIu64 ", +%" PRIu64 ") gives %zu expected pieces",
         cases[i].offset, cases[i].count, cases[i].n);
 
@@ -339,7 +344,8 @@ test_stripe_fixed (void)
         good = false;
       buf += p.count;
     }
-    ok (good && j == cases[i].n,
+    ok (good && j == cases[i].n &&
+        layout_nr_pieces (&l, cases[i].offset, cases[i].count) == j,
         "stripe [%" PRIu64 ", +%" PRIu64 ") gives %zu expected pieces",
         cases[i].offset, cases[i].count, cases[i].n);
   }

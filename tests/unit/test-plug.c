@@ -974,6 +974,79 @@ test_model (void)
   }
 }
 
+/* A stream shuffled a little is held in offset order as it comes; one
+ * request far out of place turns the plug to arrival order, and the
+ * unplug sorts.  Every other 4 KiB block of file 0, reversed in groups
+ * of 16 (each lands up to 15 places back, the first of a group at the
+ * front of the plug).
+ */
+static void
+test_order (void)
+{
+  struct plug_limits lim = big_limits;
+  struct plug p;
+  struct plug_req *r[68];
+  plug_run_vector runs = empty_vector;
+  const uint64_t B = 4096;
+  bool sorted = true;
+  size_t i, n = 0;
+
+  lim.max_requests = 256;               /* A plug that scans. */
+  assert (plug_init (&p, &lim, 2) == 0);
+  for (i = 0; i < 64; ++i) {
+    uint64_t blk = (i / 16) * 16 + 15 - i % 16;
+
+    r[n] = make_req ('W', 0, 0, 2 * blk * B, B);
+    assert (!plug_conflicts (&p, r[n]) && plug_add (&p, r[n]) == 0);
+    n++;
+  }
+  r[n] = make_req ('W', 0, 1, 0, B);    /* File 1 goes after file 0. */
+  assert (!plug_conflicts (&p, r[n]) && plug_add (&p, r[n]) == 0);
+  n++;
+  r[n] = make_req ('W', 0, 0, 128 * B, B); /* One place back. */
+  assert (!plug_conflicts (&p, r[n]) && plug_add (&p, r[n]) == 0);
+  n++;
+  ok (p.order == PLUG_IN_ORDER, "%zu writes shuffled by up to 15 places "
+      "keep the plug in order", n);
+  for (i = 1; i < p.reqs.len; ++i)
+    if (p.reqs.ptr[i - 1]->backing > p.reqs.ptr[i]->backing ||
+        (p.reqs.ptr[i - 1]->backing == p.reqs.ptr[i]->backing &&
+         p.reqs.ptr[i - 1]->offset >= p.reqs.ptr[i]->offset))
+      sorted = false;
+  ok (sorted && p.reqs.len == n, "held by (file, offset)");
+  ok (!plug_overlaps (&p, 0, 21 * B, B) && !plug_overlaps (&p, 0, 127 * B, B)
+      && !plug_overlaps (&p, 1, B, 100 * B) && !plug_overlaps (&p, 0, 200 * B, B),
+      "in order, gaps and the ranges beyond overlap nothing");
+  ok (plug_overlaps (&p, 0, 0, 1) && plug_overlaps (&p, 0, 21 * B, B + 1) &&
+      plug_overlaps (&p, 0, 127 * B, 2 * B) && plug_overlaps (&p, 1, 0, B) &&
+      plug_overlaps (&p, 0, 128 * B + B - 1, 1),
+      "in order, held bytes overlap");
+  ok (!plug_overlaps_seq (&p, 0, 0, B, r[14]->seq) &&
+      plug_overlaps_seq (&p, 0, 0, B, r[15]->seq),
+      "in order, the seq bound is kept: block 0 came 16th");
+
+  r[n] = make_req ('W', 0, 0, 21 * B, B); /* 54 places back. */
+  assert (!plug_conflicts (&p, r[n]) && plug_add (&p, r[n]) == 0);
+  n++;
+  ok (p.order == PLUG_ARRIVAL, "one write %d places back turns the plug "
+      "to arrival order", 54);
+  ok (plug_overlaps (&p, 0, 21 * B, 1) && !plug_overlaps (&p, 0, 23 * B, B),
+      "in arrival order, lookups still hold");
+  assert (plug_take_runs (&p, &runs) == 0);
+  for (i = 1; i < runs.len; ++i)
+    if (runs.ptr[i - 1]->backing > runs.ptr[i]->backing ||
+        (runs.ptr[i - 1]->backing == runs.ptr[i]->backing &&
+         runs.ptr[i - 1]->offset >= runs.ptr[i]->offset))
+      sorted = false;
+  ok (sorted && runs.len == n - 2 && p.order == PLUG_IN_ORDER,
+      "the unplug sorts: %zu runs in (file, offset) order (%zu), and the "
+      "empty plug is in order again", runs.len, n - 2);
+  plug_runs_free (&runs);
+  plug_free (&p);
+  for (i = 0; i < n; ++i)
+    free (r[i]);
+}
+
 int
 main (void)
 {
@@ -982,5 +1055,6 @@ main (void)
   test_full ();
   test_misc ();
   test_model ();
+  test_order ();
   return done_testing ();
 }
