@@ -920,6 +920,26 @@ unplug_overlapping (struct engine *e, const struct plug_req *p,
       conn_unplug (e, c, reason, now, out);
 }
 
+/* Unplug whatever overlaps op's pieces, so that op may be held.  False
+ * if some of it is still held: an unplug ran out of memory (it is
+ * tried again, conn_unplug).  Then op must not be taken in, nor
+ * answered, yet: held beside the older data, it could be written
+ * before it.
+ */
+static bool
+make_room (struct engine *e, const struct eng_op *op, uint64_t now,
+           struct eng_actions *out)
+{
+  size_t i;
+
+  for (i = 0; i < op->nr_pieces; ++i) {
+    unplug_overlapping (e, &op->pieces[i], PLUG_UNPLUG_OVERLAP, now, out);
+    if (held_anywhere (e, &op->pieces[i]))
+      return false;
+  }
+  return true;
+}
+
 /* ---- plugging ---- */
 
 /* blk_flush_plug: detach everything c holds, sort, merge, queue the
@@ -939,6 +959,7 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
     /* No memory to merge: everything stays held and is tried again a
      * little later (the kernel's blk_delay_queue for the same reason).
      */
+    plug_run_vector_reset (&runs);
     c->unplug_retry_ns = eng_add_ns (now, e->cfg.retry.delay_ns);
     eng_log (e, 1, "unplug %s: out of memory, retrying later",
              plug_reason_name (reason));
@@ -981,7 +1002,9 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
   plug_run_vector_reset (&runs);
 }
 
-/* Hold op's pieces in c's plug.  The plug has room (reserved). */
+/* Hold op's pieces in c's plug.  The plug has room (reserved), and
+ * nothing overlapping them is held (make_room).
+ */
 static void
 plug_pieces (struct engine *e, struct eng_conn *c, struct eng_op *op,
              uint64_t now, struct eng_actions *out)
@@ -992,7 +1015,6 @@ plug_pieces (struct engine *e, struct eng_conn *c, struct eng_op *op,
     struct plug_req *p = &op->pieces[i];
     int r;
 
-    unplug_overlapping (e, p, PLUG_UNPLUG_OVERLAP, now, out);
     r = plug_add (&c->plug, p);
     assert (r == 0);            /* Reserved by the caller. */
     (void) r;
@@ -1030,7 +1052,7 @@ check_parked (struct engine *e, struct eng_conn *c, uint64_t now,
   }
 }
 
-/* Give op a sequence number and hold it. */
+/* Give op a sequence number and hold it (make_room made room). */
 static void
 admit (struct engine *e, struct eng_conn *c, struct eng_op *op, uint64_t now,
        struct eng_actions *out)
@@ -1131,8 +1153,12 @@ admit_waiters (struct engine *e, struct eng_conn *c, uint64_t now,
   struct eng_op *op;
 
   while ((op = c->mem_wait.head) != NULL && !over_memory (e, c, op)) {
-    if (plug_req_vector_reserve (&c->plug.reqs, op->nr_pieces) == -1)
-      return;                   /* Tried again at the next release. */
+    /* Tried again at the next release, or after the failed unplug's
+     * retry (engine_tick).
+     */
+    if (plug_req_vector_reserve (&c->plug.reqs, op->nr_pieces) == -1 ||
+        !make_room (e, op, now, out))
+      return;
     list_remove (&c->mem_wait, op);
     op->told_ok = true;
     c->nr_told_ok++;
@@ -1374,6 +1400,10 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
   }
   if (plug_req_vector_reserve (&c->plug.reqs, op->nr_pieces) == -1)
     return -1;
+  if (!make_room (e, op, now, out)) {
+    errno = ENOMEM;             /* Refused before it is acknowledged. */
+    return -1;
+  }
   if (wb) {
     op->acked = true;
     op->told_ok = true;
@@ -1831,10 +1861,16 @@ plug_deadline (const struct engine *e, const struct eng_conn *c)
 
   if (plug_is_empty (&c->plug))
     return UINT64_MAX;
+  /* An unplug ran out of memory: whatever asked for it (a FLUSH, a
+   * read, an overlapping write, a timer) still waits, so the plug goes
+   * out as soon as it may try again, not at idle= or max-delay=.
+   */
+  if (c->unplug_retry_ns > 0)
+    return c->unplug_retry_ns;
   d = eng_add_ns (c->plug.oldest_ns, e->cfg.max_delay_ns);
   if (e->cfg.idle_ns > 0)
     d = MIN (d, eng_add_ns (c->last_activity_ns, e->cfg.idle_ns));
-  return MAX (d, c->unplug_retry_ns);
+  return d;
 }
 
 /* Fail for good every queued (not in flight) run of c, or of every
