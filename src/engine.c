@@ -906,18 +906,25 @@ held_before (const struct engine *e, const struct plug_req *p,
 }
 
 /* NO OVERLAP IN PLUGS: unplug every plug that holds data overlapping p,
- * before p is held or read.
+ * before p is held or read.  False if one of them still holds it: its
+ * unplug ran out of memory (tried again: conn_unplug).  An unplug that
+ * works empties the plug.
  */
-static void
+static bool
 unplug_overlapping (struct engine *e, const struct plug_req *p,
                     enum plug_reason reason, uint64_t now,
                     struct eng_actions *out)
 {
   struct eng_conn *c;
+  bool cleared = true;
 
   for (c = e->conns; c != NULL; c = c->next)
-    if (plug_conflicts (&c->plug, p))
+    if (plug_conflicts (&c->plug, p)) {
       conn_unplug (e, c, reason, now, out);
+      if (!plug_is_empty (&c->plug))
+        cleared = false;
+    }
+  return cleared;
 }
 
 /* Unplug whatever overlaps op's pieces, so that op may be held.  False
@@ -932,11 +939,10 @@ make_room (struct engine *e, const struct eng_op *op, uint64_t now,
 {
   size_t i;
 
-  for (i = 0; i < op->nr_pieces; ++i) {
-    unplug_overlapping (e, &op->pieces[i], PLUG_UNPLUG_OVERLAP, now, out);
-    if (held_anywhere (e, &op->pieces[i]))
+  for (i = 0; i < op->nr_pieces; ++i)
+    if (!unplug_overlapping (e, &op->pieces[i], PLUG_UNPLUG_OVERLAP, now,
+                             out))
       return false;
-  }
   return true;
 }
 
@@ -1508,8 +1514,10 @@ submit_read (struct engine *e, struct eng_conn *c, struct eng_op *op,
   op->horizon = e->next_seq - 1;
   op->reply_pending = true;
   c->nr_waiting++;
+  /* One that cannot go out keeps the read waiting (read_blocked). */
   for (i = 0; i < op->nr_pieces; ++i)
-    unplug_overlapping (e, &op->pieces[i], PLUG_UNPLUG_READ, now, out);
+    (void) unplug_overlapping (e, &op->pieces[i], PLUG_UNPLUG_READ, now,
+                               out);
   if (!read_blocked (e, op)) {
     op_answer (op, 0, out);
     op_release (op, out);
