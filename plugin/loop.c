@@ -42,18 +42,31 @@ static enum { TIMER_STOPPED, TIMER_RUNNING, TIMER_STOPPING } state;
 static ev_async kick;
 static ev_timer timer;
 
-void
-glue_kick_timer_locked (void)
+/* Wake the loop if the engine's next deadline is before the timer's.
+ * eng_lock held.
+ */
+static void
+kick_if_earlier_locked (void)
 {
-  uint64_t d;
+  uint64_t d = engine_next_deadline (eng);
 
-  if (state != TIMER_RUNNING)
-    return;
-  d = engine_next_deadline (eng);
   if (d < armed) {
     armed = d;
     ev_async_send (loop, &kick);
   }
+}
+
+void
+glue_kick_timer_locked (void)
+{
+  /* Only an engine call that made a deadline appear or come nearer can
+   * need the timer earlier; one that moved it later leaves it to fire
+   * early and be set again (engine_deadline_may_be_earlier).  Most
+   * calls, a direct write's two among them, skip the computation.
+   */
+  if (state != TIMER_RUNNING || !engine_deadline_may_be_earlier (eng))
+    return;
+  kick_if_earlier_locked ();
 }
 
 /* Set the timer for the engine's next deadline.  eng_lock held. */
@@ -141,7 +154,7 @@ timer_start (void)
   pthread_mutex_lock (&eng_lock);
   state = TIMER_RUNNING;
   armed = UINT64_MAX;
-  glue_kick_timer_locked ();
+  kick_if_earlier_locked ();
   pthread_mutex_unlock (&eng_lock);
   return 0;
 }

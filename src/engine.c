@@ -184,7 +184,17 @@ struct engine {
   struct deferred deferred;     /* Not yet reported by any FLUSH: a
                                  * connection opened later inherits it
                                  * (its FLUSH covers those writes too). */
+  bool deadline_earlier;        /* See engine_deadline_may_be_earlier. */
 };
+
+/* A deadline appeared, or came nearer: engine_next_deadline may be
+ * earlier than when the caller last asked.
+ */
+static void
+deadline_earlier (struct engine *e)
+{
+  e->deadline_earlier = true;
+}
 
 static void conn_unplug (struct engine *e, struct eng_conn *c,
                          enum plug_reason reason, uint64_t now,
@@ -799,6 +809,14 @@ queue_append (struct engine *e, struct eng_run *r)
   f->tail = r;
   index_add (f, r);
   f->nr_queued++;
+  /* A delayed file's timer runs only while something is queued: its
+   * queue emptied by a close's or the exit's deadline (fail_queued),
+   * the delay's timer comes back with this run.  (A split's pieces
+   * never land in a delayed file: a run completes only in a file that
+   * dispatched, which makes it FILE_RUNNING.)
+   */
+  if (f->state == FILE_DELAYED && f->nr_queued == 1)
+    deadline_earlier (e);
   r->conn->nr_runs++;
 }
 
@@ -967,6 +985,7 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
      */
     plug_run_vector_reset (&runs);
     c->unplug_retry_ns = eng_add_ns (now, e->cfg.retry.delay_ns);
+    deadline_earlier (e);
     eng_log (e, 1, "unplug %s: out of memory, retrying later",
              plug_reason_name (reason));
     return;
@@ -1017,6 +1036,8 @@ plug_pieces (struct engine *e, struct eng_conn *c, struct eng_op *op,
 {
   size_t i;
 
+  if (plug_is_empty (&c->plug))
+    deadline_earlier (e);       /* idle= and max-delay= start. */
   for (i = 0; i < op->nr_pieces; ++i) {
     struct plug_req *p = &op->pieces[i];
     int r;
@@ -1400,6 +1421,7 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
     c->nr_waiting++;
     op->deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
     list_append (&c->mem_wait, op);
+    deadline_earlier (e);
     conn_unplug (e, c, PLUG_UNPLUG_MEMORY, now, out);
     check_parked (e, c, now, out);
     return 0;
@@ -1540,6 +1562,7 @@ submit_close (struct engine *e, struct eng_conn *c, struct eng_op *op,
   op->state = OP_WAITING;
   c->close_op = op;
   c->close_deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
+  deadline_earlier (e);
   /* No worker is left to wait for memory. */
   while ((w = c->mem_wait.head) != NULL) {
     list_remove (&c->mem_wait, w);
@@ -1564,6 +1587,7 @@ submit_shutdown (struct engine *e, struct eng_conn *c, struct eng_op *op,
   op->state = OP_WAITING;
   e->shutdown_op = op;
   e->shutdown_deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
+  deadline_earlier (e);
   for (o = e->conns; o != NULL; o = o->next)
     conn_unplug (e, o, PLUG_UNPLUG_CLOSE, now, out);
   dispatch_all (e, now, true, out);
@@ -1759,6 +1783,7 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
     f->retry.attempts++;
   f->state = FILE_DELAYED;
   f->delay_until = MIN (eng_add_ns (now, delay), deadline);
+  deadline_earlier (e);
 }
 
 void
@@ -1954,6 +1979,15 @@ engine_tick (struct engine *e, uint64_t now, struct eng_actions *out)
     }
   }
   check_waiters (e, now, out);
+}
+
+bool
+engine_deadline_may_be_earlier (struct engine *e)
+{
+  bool r = e->deadline_earlier;
+
+  e->deadline_earlier = false;
+  return r;
 }
 
 uint64_t

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "engine-harness.h"
+#include "minmax.h"
 
 char data[1 << 20];
 struct engine *e;
@@ -25,6 +26,30 @@ size_t nr_inflight;
 uint64_t now = 1000 * MS;
 
 unsigned order_violations;
+unsigned deadline_misses;
+
+/* The one timer the plumbing keeps (plugin/loop.c): set for the
+ * engine's next deadline when it fires, or when the engine says a
+ * deadline came nearer (engine_deadline_may_be_earlier).
+ */
+static uint64_t armed = UINT64_MAX;
+static bool timer_fired;
+
+/* After an engine call: would that timer fire in time? */
+static void
+check_timer (void)
+{
+  uint64_t d;
+
+  if (e == NULL)
+    return;
+  d = engine_next_deadline (e);
+  if (engine_deadline_may_be_earlier (e) || timer_fired)
+    armed = timer_fired ? d : MIN (armed, d);
+  timer_fired = false;
+  if (d < armed)
+    deadline_misses++;
+}
 unsigned long nr_answers;
 
 static bool
@@ -67,6 +92,7 @@ perform (struct eng_actions *a)
     ((struct result *) op->waiter)->released = true;
   }
   eng_actions_init (a);
+  check_timer ();
 }
 
 /* Longer than idle= but where a test needs the other order. */
@@ -93,6 +119,8 @@ make (enum eng_mode mode, unsigned max_inflight, uint64_t max_bytes,
   };
 
   nr_inflight = 0;
+  armed = UINT64_MAX;
+  timer_fired = false;
   return engine_new (&cfg);
 }
 
@@ -201,6 +229,7 @@ tick (uint64_t advance)
   now += advance;
   eng_actions_init (&a);
   engine_tick (e, now, &a);
+  timer_fired = true;
   perform (&a);
 }
 

@@ -50,6 +50,12 @@ extern uint64_t now;                    /* The fake clock. */
  */
 extern unsigned order_violations;
 
+/* Engine calls after which the plumbing's one timer (engine-harness.c,
+ * check_timer) was set later than the engine's next deadline: it would
+ * have slept past it.  Every test expects none.
+ */
+extern unsigned deadline_misses;
+
 /* Answers given so far (each op's answer_no is its place). */
 extern unsigned long nr_answers;
 

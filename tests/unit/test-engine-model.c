@@ -439,6 +439,7 @@ run_seed (unsigned seed, unsigned steps)
   pick_config (&m);
   nr_inflight = 0;
   order_violations = 0;
+  deadline_misses = 0;
   e = engine_new (&m.cfg);
   if (e == NULL)
     abort ();
@@ -480,6 +481,9 @@ run_seed (unsigned seed, unsigned steps)
   if (order_violations > 0)
     fail ("%u runs issued over an overlapping run in flight",
           order_violations);
+  if (deadline_misses > 0)
+    fail ("after %u engine calls a deadline came nearer unannounced",
+          deadline_misses);
 
   for (i = 0; i < m.nr_conns; ++i) {
     struct mop *c = new_op (ENG_CLOSE, 0);

@@ -255,5 +255,7 @@ main (void)
   test_failed_unplug_retried ();
   ok (order_violations == 0, "no run was issued over an overlapping run "
       "in flight (%u)", order_violations);
+  ok (deadline_misses == 0, "no deadline came nearer unannounced (%u)",
+      deadline_misses);
   return done_testing ();
 }

@@ -311,6 +311,100 @@ test_give_up_many_queued (void)
   free_all ();
 }
 
+/* Complete what is in flight and let the engine's timers fire until
+ * a and b are answered (or nothing is left to do).
+ */
+static void
+drain_both (struct req *a, struct req *b)
+{
+  int guard;
+
+  for (guard = 0; guard < 100; ++guard) {
+    uint64_t d;
+
+    complete_all (0);
+    if (a->res.answered && b->res.answered)
+      return;
+    d = engine_next_deadline (e);
+    if (d == UINT64_MAX)
+      return;
+    tick (d > now ? d - now : 0);
+  }
+}
+
+/* Deadlines that appear while something else is armed: the harness
+ * keeps one timer as the plumbing does (engine-harness.c, check_timer)
+ * and counts each engine call after which the engine's next deadline
+ * is earlier than that timer, unannounced.
+ */
+static void
+test_deadlines_announced (void)
+{
+  struct eng_conn *c;
+  struct req *w, *x;
+  unsigned before = deadline_misses;
+
+  /* The exit's deadline (retry-timeout, 1 s) with a plug's idle= (10 s)
+   * armed and a run in flight that never completes.
+   */
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  c = conn ();
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  submit (c, mkreq (ENG_WRITE, 0, 8192, 4096, ENG_F_FUA));
+  submit (c, mkreq (ENG_WRITE, 0, 65536, 4096, 0));
+  x = submit (NULL, mkreq (ENG_SHUTDOWN, 0, 0, 0, 0));
+  ok (!x->res.answered && deadline_misses == before,
+      "the exit's deadline is announced");
+  complete_all (0);
+  ok (x->res.answered, "the exit is answered");
+  engine_conn_free (e, c);
+  engine_free (e);
+  free_all ();
+
+  /* A delayed file whose queue a close's deadline emptied: a run
+   * queued there before the delay is over brings its timer back.
+   */
+  {
+    struct eng_conn *a;
+    struct req *cl;
+    uint64_t t0, close_at;
+
+    before = deadline_misses;
+    e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+    a = conn ();
+    submit (a, mkreq (ENG_WRITE, 0, 0, 4096, ENG_F_FUA));
+    t0 = now;
+    close_at = t0 + 1000 * MS;          /* retry-timeout of the close. */
+    cl = submit (a, mkreq (ENG_CLOSE, 0, 0, 0, 0));
+    tick (50 * MS);
+    /* Refused again and again: the delays grow to 100 ms. */
+    while (now < close_at) {
+      uint64_t d;
+
+      complete_all (EAGAIN);
+      d = engine_next_deadline (e);
+      tick ((d < close_at ? d : close_at) - now);
+    }
+    ok (cl->res.answered && nr_inflight == 0 &&
+        engine_next_deadline (e) == UINT64_MAX,
+        "the close's deadline failed the queued run; no timer is left");
+    engine_conn_free (e, a);
+    c = conn ();
+    w = submit (c, mkreq (ENG_WRITE, 0, 65536, 4096, 0));
+    x = submit (c, mkreq (ENG_READ, 0, 65536, 4096, 0));
+    ok (w->op.acked && !x->res.answered && nr_inflight == 0 &&
+        deadline_misses == before,
+        "a read unplugs a write into the still delayed file: its timer "
+        "is announced (%u)", deadline_misses - before);
+    drain_both (x, x);
+    ok (x->res.answered && x->res.err == 0, "the read is answered once "
+        "the write is done");
+    close_conn (c, 0);
+    engine_free (e);
+    free_all ();
+  }
+}
+
 /* Would the direct path take a 4 KiB write at off?  Whatever it
  * decides, the write is then done: the direct path remembers every
  * request it was asked about.
@@ -1288,7 +1382,11 @@ main (void)
   test_queue_order_large_batches ();
   test_queue_order_chain ();
   test_direct_near_recent ();
+  test_deadlines_announced ();
   ok (order_violations == 0, "no test saw a run issued over an "
       "overlapping run in flight (%u)", order_violations);
+  ok (deadline_misses == 0, "no deadline came nearer unannounced: a timer "
+      "set as engine_deadline_may_be_earlier says never sleeps past one "
+      "(%u)", deadline_misses);
   return done_testing ();
 }
