@@ -11,6 +11,9 @@ set -e
 source "$srcdir/model-lib.sh"
 
 # Concat of odd-sized files: file boundaries at 3M and 8M.
+# One file: the usual export, whose requests are never split.
+model_run hold-one concat:16M hold -- \
+          --qd 32 --ops 1000 --seed 15
 model_run hold-concat concat:3M,5M,8M hold -- \
           --qd 32 --ops 1500 --seed 11
 # RAID-0, 64K stripes: every connection crosses stripe edges; every

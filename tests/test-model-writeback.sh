@@ -10,6 +10,9 @@ set -e
 
 source "$srcdir/model-lib.sh"
 
+# One file: the usual export, whose requests are never split.
+model_run wb-one concat:16M writeback -- \
+          --qd 32 --ops 1500 --seed 5
 # Concat of odd-sized files: file boundaries at 3M and 8M.
 model_run wb-concat concat:3M,5M,8M writeback -- \
           --qd 32 --ops 1500 --seed 1
