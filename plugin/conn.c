@@ -297,7 +297,11 @@ submit_wait (struct conn *c, struct request *r)
   if (ret == -1) {
     int err = errno;
 
+    /* Refused, but what its arrival unplugged (other connections'
+     * acknowledged data) goes out all the same.
+     */
     request_free (&r->op);
+    glue_perform (&a, GLUE_INLINE_ONE);
     errno = err;
     return -1;
   }
@@ -559,7 +563,9 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   if (submitted && ret == -1) {
     int err = errno;
 
+    /* As in submit_wait: the actions go out, r does not. */
     request_free (&r->op);
+    glue_perform (&a, GLUE_INLINE_ONE);
     errno = err;
   }
   else if (direct || submitted) {

@@ -52,6 +52,11 @@ NBDKIT_DLL_PUBLIC int plug_debug_unplug;
  * NBD protocol cannot carry it.
  */
 NBDKIT_DLL_PUBLIC int plug_debug_inject_eagain;
+/* -D plug.inject_unplug_nomem=N: every Nth unplug runs out of memory
+ * (as if it could not allocate its runs).  A testing aid for the
+ * engine's answer to that: nothing is lost, nothing reordered.
+ */
+NBDKIT_DLL_PUBLIC int plug_debug_inject_unplug_nomem;
 /* -D plug.backend_delay_us=N: every backend write/zero/trim costs N
  * microseconds more (a sleep before it).  A benchmarking aid that models
  * a slow or per-operation-priced backend, comparable to nbdkit's delay
@@ -498,6 +503,8 @@ make_engine (void)
     .seed = index_seed (),
     .log = engine_log,
     .debug_unplug = plug_debug_unplug,
+    .inject_unplug_nomem = plug_debug_inject_unplug_nomem > 0 ?
+      (unsigned) plug_debug_inject_unplug_nomem : 0,
     .names = (const char *const *) files.ptr,
   };
 

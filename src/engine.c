@@ -185,6 +185,7 @@ struct engine {
                                  * connection opened later inherits it
                                  * (its FLUSH covers those writes too). */
   bool deadline_earlier;        /* See engine_deadline_may_be_earlier. */
+  uint64_t unplugs_tried;       /* For cfg.inject_unplug_nomem. */
 };
 
 /* A deadline appeared, or came nearer: engine_next_deadline may be
@@ -966,6 +967,17 @@ make_room (struct engine *e, const struct eng_op *op, uint64_t now,
 
 /* ---- plugging ---- */
 
+/* -D plug.inject_unplug_nomem=N: does this unplug fail as if out of
+ * memory?
+ */
+static bool
+unplug_injected_nomem (struct engine *e)
+{
+  unsigned n = e->cfg.inject_unplug_nomem;
+
+  return n > 0 && ++e->unplugs_tried % n == 0;
+}
+
 /* blk_flush_plug: detach everything c holds, sort, merge, queue the
  * runs in their files' queues (one batch), dispatch.
  */
@@ -979,7 +991,7 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
 
   if (plug_is_empty (&c->plug))
     return;
-  if (plug_take_runs (&c->plug, &runs) == -1) {
+  if (unplug_injected_nomem (e) || plug_take_runs (&c->plug, &runs) == -1) {
     /* No memory to merge: everything stays held and is tried again a
      * little later (the kernel's blk_delay_queue for the same reason).
      */

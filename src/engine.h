@@ -126,6 +126,8 @@ struct eng_config {
   void (*log) (void *opaque, int level, const char *msg);
   void *log_opaque;
   bool debug_unplug;            /* Log every unplug at level 1. */
+  unsigned inject_unplug_nomem; /* N > 0: every Nth unplug fails as if
+                                 * out of memory (a testing aid). */
   const char *const *names;     /* Borrowed: [nr_backings] file names for
                                  * messages, or NULL. */
 };
@@ -312,8 +314,11 @@ extern bool engine_try_direct (struct engine *e, struct eng_conn *c,
  * Returns 0, or -1 with errno (ENOMEM; ESHUTDOWN for a mutation on a
  * closing connection or after ENG_SHUTDOWN; EINVAL for no pieces) when
  * op could not even be accepted: nothing was acknowledged, and the
- * caller answers the error and frees op.  c may be NULL only for
- * ENG_SHUTDOWN (the server's exit is nobody's connection).
+ * caller answers the error and frees op.  Either way the caller
+ * performs out: a refused op may have unplugged other connections'
+ * acknowledged data before it was refused (make_room), and those runs
+ * are on out.  c may be NULL only for ENG_SHUTDOWN (the server's exit
+ * is nobody's connection).
  *
  * Writes in writeback mode must carry the caller's own copy of the
  * data (op->bytes says how much); in hold mode, and for a FUA write,
