@@ -276,11 +276,13 @@ void
 glue_runs_done (struct eng_run *const *runs, const int *errs, size_t n)
 {
   struct glue_actions a;
-  uint64_t now = now_ns ();
+  uint64_t now;
   size_t i;
 
   glue_begin (&a);
   pthread_mutex_lock (&eng_lock);
+  now = now_ns ();      /* Under the lock: the engine's time never
+                         * goes back from one call to the next. */
   for (i = 0; i < n; ++i)
     engine_complete (eng, runs[i], errs[i], now, &a.eng);
   glue_end_locked (&a);
