@@ -91,9 +91,12 @@ srv_stop plug
 # and no NBD FLUSH after it (nothing else is left to cover); two runs,
 # a server without FUA, or a run answered earlier without FUA still get
 # the FLUSH, and so do runs for one server from two connections' plugs.
-# idle=10s direct=never: data stays held until the FLUSH.
+# idle=10s max-delay=60s direct=never: data stays held until the FLUSH
+# (with the default max-delay=10ms, a client slower than that between
+# its write and its FLUSH, as on a loaded machine, saw the write go out
+# plain before the FLUSH came).
 srv_start plug2 unix "$PLUGIN" "file=${srv_uri[A]}" "file=${srv_uri[B]}" \
-          idle=10s direct=never
+          idle=10s max-delay=60s direct=never
 cat > "$tmp/client2.py" <<'EOF2'
 import re, sys
 import nbd
