@@ -1091,13 +1091,14 @@ check_parked (struct engine *e, struct eng_conn *c, uint64_t now,
   }
 }
 
-/* Give op a sequence number and hold it (make_room made room). */
+/* op is admitted: its sequence number, and the counts that op_finish
+ * takes it off again (unfinished, copied bytes).  Plugged (admit) or
+ * issued alone (issue_alone), the same.
+ */
 static void
-admit (struct engine *e, struct eng_conn *c, struct eng_op *op, uint64_t now,
-       struct eng_actions *out)
+take_in (struct engine *e, struct eng_conn *c, struct eng_op *op,
+         uint64_t now)
 {
-  enum plug_reason reason;
-
   op->state = OP_ADMITTED;
   op->seq = e->next_seq++;
   unf_append (e, op);
@@ -1105,6 +1106,16 @@ admit (struct engine *e, struct eng_conn *c, struct eng_op *op, uint64_t now,
   c->bytes += op->bytes;
   e->bytes += op->bytes;
   c->last_activity_ns = now;
+}
+
+/* Give op a sequence number and hold it (make_room made room). */
+static void
+admit (struct engine *e, struct eng_conn *c, struct eng_op *op, uint64_t now,
+       struct eng_actions *out)
+{
+  enum plug_reason reason;
+
+  take_in (e, c, op, now);
   plug_pieces (e, c, op, now, out);
 
   if (op->flags & ENG_F_FUA)
@@ -1307,14 +1318,7 @@ issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
     made = r;
   }
 
-  op->state = OP_ADMITTED;
-  op->seq = e->next_seq++;
-  unf_append (e, op);
-  c->nr_unfinished++;
-  /* As admit counts them: op_finish takes them off. */
-  c->bytes += op->bytes;
-  e->bytes += op->bytes;
-  c->last_activity_ns = now;
+  take_in (e, c, op, now);
   for (r = made; r != NULL; r = next) {
     next = r->issue_next;
     r->run->reqs[0]->seq = op->seq;
