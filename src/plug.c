@@ -95,15 +95,20 @@ seq_at_most (struct itree_node *node, void *opaque)
   return h->seq <= *(const uint64_t *) opaque;
 }
 
-/* Is a before b in (backing, offset, seq) order? */
-static bool
-req_before (const struct plug_req *a, const struct plug_req *b)
+/* The plug's order, (backing, offset, seq): <0, 0 or >0 as a goes
+ * before, with or after b.  Kept as requests come (place_last) and by
+ * the unplug's sort (compare_reqs).
+ */
+static int
+req_cmp (const struct plug_req *a, const struct plug_req *b)
 {
   if (a->backing != b->backing)
-    return a->backing < b->backing;
+    return a->backing < b->backing ? -1 : 1;
   if (a->offset != b->offset)
-    return a->offset < b->offset;
-  return a->seq < b->seq;
+    return a->offset < b->offset ? -1 : 1;
+  if (a->seq != b->seq)
+    return a->seq < b->seq ? -1 : 1;
+  return 0;
 }
 
 /* In a plug in order, the first held request of this backing file
@@ -179,9 +184,9 @@ place_last (struct plug *p, struct plug_req *r)
   if (p->order != PLUG_IN_ORDER)
     return;
   while (at > 0 && n - at < PLUG_SORT_SLACK &&
-         req_before (r, p->reqs.ptr[at - 1]))
+         req_cmp (r, p->reqs.ptr[at - 1]) < 0)
     at--;
-  if (at > 0 && req_before (r, p->reqs.ptr[at - 1])) {
+  if (at > 0 && req_cmp (r, p->reqs.ptr[at - 1]) < 0) {
     p->order = PLUG_ARRIVAL;
     return;
   }
@@ -245,16 +250,8 @@ plug_full (const struct plug *p, enum plug_reason *reason)
 static int
 compare_reqs (const void *av, const void *bv)
 {
-  const struct plug_req *a = *(struct plug_req *const *) av;
-  const struct plug_req *b = *(struct plug_req *const *) bv;
-
-  if (a->backing != b->backing)
-    return a->backing < b->backing ? -1 : 1;
-  if (a->offset != b->offset)
-    return a->offset < b->offset ? -1 : 1;
-  if (a->seq != b->seq)
-    return a->seq < b->seq ? -1 : 1;
-  return 0;
+  return req_cmp (*(struct plug_req *const *) av,
+                  *(struct plug_req *const *) bv);
 }
 
 void
