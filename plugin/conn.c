@@ -144,13 +144,7 @@ request_new (enum eng_kind kind, uint64_t offset, uint64_t count,
   while (i < n) {
     struct plug_req *p = &r->pieces[i++];
 
-    /* One file, not striped (the usual export): the request is its
-     * piece.  layout_iter_init checked its bounds.
-     */
-    if (layout.nr == 1 && layout.stripe == 0)
-      piece = (struct layout_piece) { .backing = 0, .offset = offset,
-                                      .count = count, .buf_offset = 0 };
-    else if (!layout_iter_next (&it, &piece))
+    if (!layout_iter_next (&it, &piece))
       abort ();                 /* n is layout_nr_pieces. */
 
     /* Reads are checked by conn_pread; a barrier for block status may

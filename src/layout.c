@@ -117,15 +117,11 @@ concat_file (const struct layout *l, uint64_t offset)
   return lo;
 }
 
-int
-layout_piece_at (const struct layout *l, uint64_t offset, uint64_t count,
-                 struct layout_piece *piece)
+/* The first piece of a range inside the export (the callers check). */
+static void
+map_piece (const struct layout *l, uint64_t offset, uint64_t count,
+           struct layout_piece *piece)
 {
-  if (count == 0 || offset >= l->size || count > l->size - offset) {
-    errno = EINVAL;
-    return -1;
-  }
-
   piece->buf_offset = 0;
   if (l->stripe == 0) {
     size_t i = concat_file (l, offset);
@@ -143,6 +139,17 @@ layout_piece_at (const struct layout *l, uint64_t offset, uint64_t count,
     piece->offset = (unit / l->nr) * l->stripe + in_unit;
     piece->count = MIN (count, l->stripe - in_unit);
   }
+}
+
+int
+layout_piece_at (const struct layout *l, uint64_t offset, uint64_t count,
+                 struct layout_piece *piece)
+{
+  if (count == 0 || offset >= l->size || count > l->size - offset) {
+    errno = EINVAL;
+    return -1;
+  }
+  map_piece (l, offset, count, piece);
   return 0;
 }
 
@@ -166,9 +173,8 @@ layout_iter_next (struct layout_iter *it, struct layout_piece *piece)
 {
   if (it->left == 0)
     return 0;
-  /* Cannot fail: layout_iter_init checked the whole range. */
-  if (layout_piece_at (it->l, it->offset, it->left, piece) == -1)
-    abort ();
+  /* Inside the export: layout_iter_init checked the whole range. */
+  map_piece (it->l, it->offset, it->left, piece);
   piece->buf_offset = it->done;
   it->offset += piece->count;
   it->left -= piece->count;
