@@ -312,10 +312,10 @@ test_give_up_many_queued (void)
 }
 
 /* Complete what is in flight and let the engine's timers fire until
- * a and b are answered (or nothing is left to do).
+ * q is answered (or nothing is left to do).
  */
 static void
-drain_both (struct req *a, struct req *b)
+drain_until_answered (struct req *q)
 {
   int guard;
 
@@ -323,7 +323,7 @@ drain_both (struct req *a, struct req *b)
     uint64_t d;
 
     complete_all (0);
-    if (a->res.answered && b->res.answered)
+    if (q->res.answered)
       return;
     d = engine_next_deadline (e);
     if (d == UINT64_MAX)
@@ -396,7 +396,7 @@ test_deadlines_announced (void)
         deadline_misses == before,
         "a read unplugs a write into the still delayed file: its timer "
         "is announced (%u)", deadline_misses - before);
-    drain_both (x, x);
+    drain_until_answered (x);
     ok (x->res.answered && x->res.err == 0, "the read is answered once "
         "the write is done");
     close_conn (c, 0);
