@@ -349,11 +349,11 @@ extern uint64_t engine_next_deadline (const struct engine *e)
  * this function?  (It clears the mark.)  Deadlines appear, or come
  * nearer, only at a few events: a plug's first request, an unplug that
  * ran out of memory, a writer waiting for memory, a close, the exit, a
- * file delayed after "not now".  Most calls move deadlines later, or
- * not at all: a timer armed for the old deadline fires early, finds
- * nothing due, and is set again.  So a caller that keeps one timer
- * need not compute the deadline after every call, only when this says
- * so and after the timer fired.
+ * file delayed after "not now", a run queued in a delayed file.  Most
+ * calls move deadlines later, or not at all: a timer armed for the old
+ * deadline fires early, finds nothing due, and is set again.  So a
+ * caller that keeps one timer need not compute the deadline after
+ * every call, only when this says so and after the timer fired.
  */
 extern bool engine_deadline_may_be_earlier (struct engine *e)
   __attribute__ ((__nonnull__ (1)));
