@@ -12,7 +12,10 @@
 # after one fio run (--ioengine=nbd, QD $BENCH_QD, $BENCH_SECONDS s,
 # --end_fsync=1 for writes: the final FLUSH is inside fio's runtime and
 # inside the CPU interval), then SIGTERM.  cpu_us_per_req = (after -
-# before) / fio's total_ios.
+# before) / fio's total_ios.  cs = the server's context switches over
+# its life (getrusage of the waited-for server, all threads) / fio's
+# total_ios: the thread regime a run fell into, which moves its CPU per
+# request (bench/README, "2026-12-07 (late morning)").
 #
 # Servers: base = nbdkit file FILE; wb = nbdkit PLUGIN FILE (writeback,
 # defaults); hold = the same with mode=hold (4k sequential only);
@@ -119,15 +122,16 @@ echo "# iops from fio (writes: final FLUSH inside the runtime);" \
      "us/req = server user+sys CPU / fio total_ios (medians over reps)"
 echo "# ratio = plug / base: median over reps of the ratio within one rep" \
      "(adjacent runs, order reversed on even reps); us range = lowest..highest per-rep CPU ratio;" \
+     "cs = the server's context switches (all threads, its whole life) per request, median;" \
      "ops/bk = fio ops / plug backend writes (statsfile), median"
-hdr="%-18s %9s %9s %6s %8s %8s %6s %11s %9s %7s\n"
+hdr="%-18s %9s %9s %6s %8s %8s %6s %11s %7s %7s %9s %7s\n"
 printf "$hdr" scenario base:iops plug:iops ratio base:us plug:us ratio \
-       "us range" fio-ops ops/bk
+       "us range" base:cs plug:cs fio-ops ops/bk
 
 for s in "${scenarios[@]}"; do
   IFS='|' read -r name rw bs kinds <<<"$s"
   selected "$name" || continue
-  declare -A iops=() cpu=() ios=() ri=() rc=() ob=()
+  declare -A iops=() cpu=() ios=() ri=() rc=() ob=() cs=()
   for ((rep = 1; rep <= BENCH_REPS; rep++)); do
     declare -A this=()
     seq=$kinds
@@ -138,6 +142,7 @@ for s in "${scenarios[@]}"; do
       this[$kind]=$line
       iops[$kind]+=" $(field iops "$line")"
       cpu[$kind]+=" $(field cpu_us "$line")"
+      cs[$kind]+=" $(field cs "$line")"
       ios[$kind]+=" $(field ios "$line")"
     done
     for kind in $kinds; do
@@ -169,9 +174,10 @@ for s in "${scenarios[@]}"; do
            "$(median ${ri[$kind]})" \
            "$(median ${cpu[base]})" "$(median ${cpu[$kind]})" \
            "$(median ${rc[$kind]})" "$range" \
+           "$(median ${cs[base]})" "$(median ${cs[$kind]})" \
            "$(median ${ios[$kind]})" "$opsbk"
   done
-  unset iops cpu ios ri rc ob
+  unset iops cpu ios ri rc ob cs
 done
 echo "# load at end: $(load_avg)"
 exit 0

@@ -13,6 +13,8 @@
 
 CLK_TCK=$(getconf CLK_TCK)
 server_pid=
+server_wrap=
+server_cs=
 server_sock=
 hog_pid=
 
@@ -21,7 +23,7 @@ bench_cleanup ()
 {
   if [ -n "$server_pid" ]; then
     kill -TERM "$server_pid" 2>/dev/null || :
-    wait "$server_pid" 2>/dev/null || :
+    wait "$server_wrap" 2>/dev/null || :
   fi
   if [ -n "$hog_pid" ]; then
     kill -TERM "$hog_pid" 2>/dev/null || :
@@ -38,42 +40,70 @@ die ()
   echo "$0: $*" >&2
   if [ -n "${server_pid:-}" ]; then
     kill -TERM "$server_pid" 2>/dev/null || :
-    wait "$server_pid" 2>/dev/null || :
+    wait "$server_wrap" 2>/dev/null || :
   fi
   exit 1
 }
 
+# The server runs under a small parent (rusage_py) that waits for it
+# and writes the context switches of its whole life, all threads
+# counted, exited ones too (getrusage of a waited-for child: ru_nvcsw,
+# ru_nivcsw), then exits with its status.  /proc/PID/task/*/status
+# cannot give that sum: nbdkit's connection threads have exited by the
+# time the client is done.  Context switches per request tell which
+# thread regime a run fell into (bench/README, "2026-12-07 (late
+# morning)"), which moves CPU per request more than a plugin's work.
+rusage_py='
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status, ru = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    print(ru.ru_nvcsw, ru.ru_nivcsw, file=f)
+code = os.waitstatus_to_exitcode(status)
+sys.exit(code if code >= 0 else 128 - code)
+'
+
 # start_server NBDKIT_ARGS...: nbdkit -f -U SOCKET -P PIDFILE ARGS in
-# the background; returns when the socket accepts connections.  Sets
-# server_pid, server_sock and server_uri.
+# the background, under rusage_py; returns when the socket accepts
+# connections.  Sets server_pid (nbdkit's), server_wrap (its parent's),
+# server_sock and server_uri.
 start_server ()
 {
   local pidfile=$tmp/server.pid i
   server_sock=$tmp/server.sock
-  rm -f "$server_sock" "$pidfile"
-  nbdkit -f -U "$server_sock" -P "$pidfile" "$@" >>"$tmp/server.log" 2>&1 &
-  server_pid=$!
+  rm -f "$server_sock" "$pidfile" "$tmp/server.rusage"
+  /usr/bin/python3 -c "$rusage_py" "$tmp/server.rusage" \
+    nbdkit -f -U "$server_sock" -P "$pidfile" "$@" >>"$tmp/server.log" 2>&1 &
+  server_wrap=$!
   for ((i = 0; i < 200; i++)); do
     [ -S "$server_sock" ] && [ -s "$pidfile" ] && break
-    kill -0 "$server_pid" 2>/dev/null ||
+    kill -0 "$server_wrap" 2>/dev/null ||
       die "server exited at start: nbdkit $* ($(tail -n3 "$tmp/server.log"))"
     sleep 0.025
   done
   [ -s "$pidfile" ] || die "server did not start: nbdkit $*"
-  [ "$(cat "$pidfile")" = "$server_pid" ] ||
-    die "pidfile $(cat "$pidfile") != \$! $server_pid"
+  server_pid=$(cat "$pidfile")
+  [ "$(sed 's/.*) //' "/proc/$server_pid/stat" | cut -d' ' -f2)" = "$server_wrap" ] ||
+    die "pidfile $server_pid is not the child of $server_wrap"
   server_uri="nbd+unix:///?socket=$server_sock"
 }
 
 # stop_server: SIGTERM, wait, complain (stderr) about a non-zero exit.
+# Sets server_cs to the server's context switches over its life
+# (voluntary + involuntary).
 stop_server ()
 {
-  local rc=0
+  local rc=0 vol invol
   kill -TERM "$server_pid"
-  wait "$server_pid" || rc=$?
+  wait "$server_wrap" || rc=$?
   [ "$rc" = 0 ] ||
     echo "WARNING: server exited with status $rc: $(tail -n3 "$tmp/server.log")" >&2
+  read -r vol invol <"$tmp/server.rusage" || die "no rusage of the server"
+  server_cs=$((vol + invol))
   server_pid=
+  server_wrap=
   return 0
 }
 
@@ -129,8 +159,9 @@ is_plug ()
 
 # fio_measure KIND STATS FIO-ARGS...: one fio --ioengine=nbd run of
 # $BENCH_SECONDS against the server start_server started, which is then
-# stopped.  Sets fio_result to "iops=N ios=N ticks=N cpu_us=X" (the
-# server's CPU over the run) and, if KIND is the plug (is_plug), "cops=N
+# stopped.  Sets fio_result to "iops=N ios=N ticks=N cpu_us=X cs=X"
+# (the server's CPU over the run, its context switches per request over
+# its life) and, if KIND is the plug (is_plug), "cops=N
 # bops=N conns=N" (client and backend write ops, connections) from its
 # statsfile STATS.  Not in a $(...): the server is this shell's child.
 fio_measure ()
@@ -148,6 +179,8 @@ fio_measure ()
   ios=$(fio_ios "$tmp/fio.json")
   out="iops=$(fio_iops "$tmp/fio.json") ios=$ios ticks=$((t1 - t0))"
   out+=" cpu_us=$(us_per_req $((t1 - t0)) "$ios")"
+  out+=" cs=$(awk -v c="$server_cs" -v n="$ios" \
+                'BEGIN { if (n > 0) printf "%.2f", c / n; else print "-" }')"
   if is_plug "$kind"; then
     [ -s "$stats" ] || die "no statsfile from the $kind run"
     out+=$(jq -r '" cops=\(.client.write.ops) bops=\(.backend.write.ops)" +
