@@ -263,6 +263,23 @@ note_worker (struct conn *c)
   glue_perform (&a, GLUE_INLINE_ONE);
 }
 
+/* After the engine refused r (engine_submit returned -1, errno set):
+ * r is freed, but the actions of that call go out all the same: its
+ * arrival may have unplugged other connections' acknowledged data,
+ * which nothing else would write (engine.h, engine_submit).  Returns
+ * -1 with errno kept.
+ */
+static int
+submit_refused (struct request *r, struct glue_actions *a)
+{
+  int err = errno;
+
+  request_free (&r->op);
+  glue_perform (a, GLUE_INLINE_ONE);
+  errno = err;
+  return -1;
+}
+
 /* Submit r and wait for its answer unless it was acknowledged at once.
  * r belongs to the engine from here on.  Returns 0, or -1 with errno.
  */
@@ -288,17 +305,8 @@ submit_wait (struct conn *c, struct request *r)
     request_refill_locked (nr_pieces, room);
   glue_end_locked (&a);
   pthread_mutex_unlock (&eng_lock);
-  if (ret == -1) {
-    int err = errno;
-
-    /* Refused, but what its arrival unplugged (other connections'
-     * acknowledged data) goes out all the same.
-     */
-    request_free (&r->op);
-    glue_perform (&a, GLUE_INLINE_ONE);
-    errno = err;
-    return -1;
-  }
+  if (ret == -1)
+    return submit_refused (r, &a);
   glue_perform (&a, GLUE_INLINE_ONE);
   if (!acked)
     ret = glue_wait (&w);
@@ -554,14 +562,8 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   pthread_mutex_unlock (&eng_lock);
   last_plugged = !direct;
 
-  if (submitted && ret == -1) {
-    int err = errno;
-
-    /* As in submit_wait: the actions go out, r does not. */
-    request_free (&r->op);
-    glue_perform (&a, GLUE_INLINE_ONE);
-    errno = err;
-  }
+  if (submitted && ret == -1)
+    submit_refused (r, &a);
   else if (direct || submitted) {
     glue_perform (&a, GLUE_INLINE_ONE);
     if (!acked && (ret = glue_wait (&w)) != 0) {
