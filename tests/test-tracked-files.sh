@@ -8,13 +8,17 @@
 # relinked in a clean clone only because its objects are missing; it
 # would run stale wherever they are not.
 #
-# Needs a git checkout (skipped in a release tarball, where git has
-# nothing to say).
+# Needs a git checkout whose top is the source tree (skipped in a
+# release tarball, where git has nothing to say).
 source ./functions.sh
 set -e
 
 requires git --version
 requires git -C "$abs_top_srcdir" rev-parse --show-toplevel
+# A tarball unpacked inside some other checkout (make distcheck's) is
+# not that checkout's top: git would list none of its files.
+top=$(git -C "$abs_top_srcdir" rev-parse --show-toplevel)
+requires test "$(realpath "$top")" = "$(realpath "$abs_top_srcdir")"
 cd "$abs_top_srcdir"
 
 bad=0
