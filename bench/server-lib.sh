@@ -179,8 +179,7 @@ fio_measure ()
   ios=$(fio_ios "$tmp/fio.json")
   out="iops=$(fio_iops "$tmp/fio.json") ios=$ios ticks=$((t1 - t0))"
   out+=" cpu_us=$(us_per_req $((t1 - t0)) "$ios")"
-  out+=" cs=$(awk -v c="$server_cs" -v n="$ios" \
-                'BEGIN { if (n > 0) printf "%.2f", c / n; else print "-" }')"
+  out+=" cs=$(ratio "$server_cs" "$ios")"
   if is_plug "$kind"; then
     [ -s "$stats" ] || die "no statsfile from the $kind run"
     out+=$(jq -r '" cops=\(.client.write.ops) bops=\(.backend.write.ops)" +
