@@ -92,69 +92,44 @@ grow_plug (struct eng_conn *c)
     printf ("Bail out! the FLUSH that empties the plug is not answered\n");
 }
 
-/* A write over data held in its own connection's plug. */
+/* A write over held data whose unplug has no memory: the data is in
+ * the writer's own plug, or (other) in another connection's.
+ */
 static void
-test_own_plug (void)
+test_over_held (bool other)
 {
-  struct eng_conn *c;
-  struct req *older, *refused, *newer, *f;
-
-  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
-  memset (last_writer, 0, sizeof last_writer);
-  c = conn ();
-  grow_plug (c);
-  older = write_at (c, 0);
-  fail_after (0);
-  refused = write_at (c, 0);
-  fail_after (-1);
-  ok (alloc_failed > 0 && refused->res.answered &&
-      refused->res.err == ENOMEM && !refused->op.acked,
-      "a write over its own plug's data, whose unplug has no memory, is "
-      "refused with ENOMEM, not acknowledged (%s)",
-      strerror (refused->res.err));
-  newer = write_at (c, 0);
-  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
-  complete_recording (0);
-  ok (older->op.acked && newer->op.acked && f->res.answered &&
-      f->res.err == 0, "with memory back, the next write is taken and a "
-      "FLUSH answered");
-  ok (last_writer[0] == &newer->op, "block 0 holds the newest write");
-  close_conn (c, 0);
-  engine_free (e);
-  free_all ();
-}
-
-/* A write over data held in another connection's plug. */
-static void
-test_other_plug (void)
-{
-  struct eng_conn *a, *b;
+  const char *where = other ? "another connection's held data"
+                            : "its own plug's held data";
+  struct eng_conn *a, *b = NULL;
   struct req *older, *refused, *newer, *f;
 
   e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
   memset (last_writer, 0, sizeof last_writer);
   a = conn ();
-  b = conn ();
   grow_plug (a);
-  grow_plug (b);
-  older = write_at (b, 0);
+  if (other) {
+    b = conn ();
+    grow_plug (b);
+  }
+  older = write_at (other ? b : a, 0);
   fail_after (0);
   refused = write_at (a, 0);
   fail_after (-1);
   ok (alloc_failed > 0 && refused->res.answered &&
       refused->res.err == ENOMEM && !refused->op.acked,
-      "a write over another connection's held data, whose unplug has no "
-      "memory, is refused with ENOMEM (%s)", strerror (refused->res.err));
+      "a write over %s, whose unplug has no memory, is refused with "
+      "ENOMEM, not acknowledged (%s)", where, strerror (refused->res.err));
   newer = write_at (a, 0);
   f = submit (a, mkreq (ENG_FLUSH, 0, 0, 0, 0));
   complete_recording (0);
   ok (older->op.acked && newer->op.acked && f->res.answered &&
       f->res.err == 0, "with memory back, the next write is taken and a "
-      "FLUSH answered");
+      "FLUSH answered (%s)", where);
   ok (last_writer[0] == &newer->op,
-      "block 0 holds the newer write, not the other connection's older one");
+      "block 0 holds the newer write, not the older one (%s)", where);
   close_conn (a, 0);
-  close_conn (b, 0);
+  if (other)
+    close_conn (b, 0);
   engine_free (e);
   free_all ();
 }
@@ -249,8 +224,8 @@ test_failed_unplug_retried (void)
 int
 main (void)
 {
-  test_own_plug ();
-  test_other_plug ();
+  test_over_held (false);
+  test_over_held (true);
   test_memory_waiter ();
   test_failed_unplug_retried ();
   ok (order_violations == 0, "no run was issued over an overlapping run "
