@@ -27,6 +27,7 @@ uint64_t now = 1000 * MS;
 
 unsigned order_violations;
 unsigned deadline_misses;
+unsigned long nr_answers;
 
 /* The one timer the plumbing keeps (plugin/loop.c): set for the
  * engine's next deadline when it fires, or when the engine says a
@@ -50,7 +51,6 @@ check_timer (void)
   if (d < armed)
     deadline_misses++;
 }
-unsigned long nr_answers;
 
 static bool
 overlaps_inflight (const struct eng_run *r)
