@@ -2054,3 +2054,11 @@ engine_counts (const struct engine *e, struct eng_counts *n)
   n->lost = e->lost;
   n->order_checks = e->order_checks;
 }
+
+void
+engine_record_lost (struct engine *e, uint32_t b, uint64_t offset,
+                    uint64_t count, uint64_t seq_lo, uint64_t seq_hi, int err)
+{
+  (void) b; (void) offset; (void) count; (void) seq_hi;
+  defer_error (e, err, seq_lo);
+}

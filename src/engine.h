@@ -334,6 +334,19 @@ extern void engine_complete (struct engine *e, struct eng_run *r, int err,
                              uint64_t now, struct eng_actions *out)
   __attribute__ ((__nonnull__ (1, 2, 5)));
 
+/* Acknowledged data in [offset, offset + count) of backing file b, last
+ * written by mutations with sequence numbers in [seq_lo, seq_hi], may
+ * be gone although its runs were answered: a remote connection that
+ * answered them died before a FLUSH covered them (the server may have
+ * restarted from its last synced state).  Recorded as a failure with
+ * err: every FLUSH whose horizon reaches seq_lo fails until a mutation
+ * newer than seq_hi over the range succeeds.
+ */
+extern void engine_record_lost (struct engine *e, uint32_t b,
+                                uint64_t offset, uint64_t count,
+                                uint64_t seq_lo, uint64_t seq_hi, int err)
+  __attribute__ ((__nonnull__ (1)));
+
 /* Time passed: fire every timer due at now (idle, max-delay, delayed
  * queues, memory waits, close deadlines).
  */
