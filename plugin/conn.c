@@ -376,43 +376,6 @@ conn_close (struct conn *c)
   free (c);
 }
 
-/* fdatasync the backing files marked in `which` (all if NULL), and
- * NBD_CMD_FLUSH the remote ones, all remotes at once (one round trip,
- * not one per server) while the local files sync.
- */
-static int
-sync_backings (struct plug_stats *stats, const bool *which)
-{
-  struct remote_wait w;
-  size_t b;
-  int ret = 0;
-
-  remote_wait_init (&w);
-  for (b = 0; b < nr_backings; ++b) {
-    if ((which && !which[b]) || backings[b].remote == NULL)
-      continue;
-    if (stats)
-      stats_count (&stats->backend[STATS_B_SYNC], 0);
-    if (!backings[b].readonly)
-      remote_start_flush (backings[b].remote, &w);
-  }
-  for (b = 0; b < nr_backings; ++b) {
-    if ((which && !which[b]) || backings[b].remote)
-      continue;
-    if (stats)
-      stats_count (&stats->backend[STATS_B_SYNC], 0);
-    if (backing_sync (&backings[b]) == -1 && ret == 0) {
-      nbdkit_error ("file=%s: fdatasync: %m", backings[b].name);
-      ret = -1;
-    }
-  }
-  if (remote_wait (&w) == -1 && ret == 0) {
-    nbdkit_error ("flush of an NBD backing file: %m");
-    ret = -1;
-  }
-  return ret;
-}
-
 void
 conns_shutdown (struct plug_stats *live)
 {
@@ -420,8 +383,7 @@ conns_shutdown (struct plug_stats *live)
   struct conn *c;
 
   r = request_new (ENG_SHUTDOWN, 0, 0, 0, 0);
-  if (r == NULL || submit_wait (NULL, r) == -1 ||
-      sync_backings (NULL, NULL) == -1)
+  if (r == NULL || submit_wait (NULL, r) == -1)
     nbdkit_error ("server exit: could not write out held data: %m");
 
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&conns_lock);
@@ -487,8 +449,8 @@ request_with_copy (struct request *r, const void *data)
 }
 
 /* Submit a write, zero or trim (data: nbdkit's buffer for a write).  A
- * FUA one is answered once written, then syncs the files it touched:
- * NBD "MUST NOT send its reply ... until ... persisted".
+ * FUA one is answered once written and synced (the engine's round of
+ * syncs): NBD "MUST NOT send its reply ... until ... persisted".
  *
  * One lock acquisition tries the direct path and, failing that,
  * submits r to the plug, unless the data still has to be copied for
@@ -498,33 +460,15 @@ static int
 submit_mutation (struct conn *c, struct request *r, const void *data,
                  const char *what)
 {
-  CLEANUP_FREE bool *touched = NULL;
   struct glue_actions a;
   struct waiter w;
   bool direct = false, submitted = false, acked = false;
   bool copy = needs_copy (data, r->op.flags);
   bool copied = copy && r->room >= r->op.count;
   uint64_t now;
-  size_t i;
   int ret = 0;
 
   note_worker (c);
-  if (r->op.flags & ENG_F_FUA) {
-    /* r belongs to the engine after submission: note the files first. */
-    touched = calloc (nr_backings, sizeof *touched);
-    if (touched == NULL) {
-      nbdkit_error ("calloc: %m");
-      request_free (&r->op);
-      return -1;
-    }
-    /* A server with FUA gets the flag on the command itself
-     * (remote.c): no FLUSH after it.  Elsewhere FUA is a sync (or an
-     * NBD FLUSH) of the file once written.
-     */
-    for (i = 0; i < r->op.nr_pieces; ++i)
-      if (!backings[r->pieces[i].backing].fua_native)
-        touched[r->pieces[i].backing] = true;
-  }
   if (copied) {
     /* Copied before the lock (speculate_room): whether the write goes
      * direct or into the plug, one acquisition decides and submits.
@@ -585,8 +529,6 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
       request_error (what);
     return -1;
   }
-  if (touched)
-    return sync_backings (&c->stats, touched);
   return 0;
 }
 
@@ -647,8 +589,8 @@ conn_flush (struct conn *c)
   /* NBD: "all write requests for which a reply has already been sent"
    * must be on permanent storage.  The engine answers once every
    * mutation acknowledged before this FLUSH, on any connection, is
-   * written (with the deferred error, if one failed); then we sync
-   * every file.
+   * written and the files written since their last sync are synced,
+   * with the errno of a recorded loss it covers, if any (THE RECORD).
    */
   r = request_new (ENG_FLUSH, 0, 0, 0, 0);
   if (r == NULL)
@@ -657,7 +599,7 @@ conn_flush (struct conn *c)
     request_error ("flush");
     return -1;
   }
-  return sync_backings (&c->stats, NULL);
+  return 0;
 }
 
 int

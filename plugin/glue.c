@@ -185,6 +185,45 @@ complete_into (struct glue_actions *a, struct eng_run *r, int err)
   pthread_mutex_unlock (&eng_lock);
 }
 
+/* Hand sync s's result to the engine; what that unblocks joins a. */
+static void
+sync_done_into (struct glue_actions *a, struct eng_sync *s, int err)
+{
+  pthread_mutex_lock (&eng_lock);
+  engine_sync_done (eng, s, err, now_ns (), &a->eng);
+  glue_end_locked (a);
+  pthread_mutex_unlock (&eng_lock);
+}
+
+/* Carry out a's syncs: in this thread if it may block (a worker, a pool
+ * thread: a FLUSH's worker syncs the files itself, as before the engine
+ * owned syncs), otherwise in the pool.  Returns the ones left to this
+ * thread, linked by next.
+ */
+static struct eng_sync *
+take_syncs (struct glue_actions *a, uint32_t inline_runs)
+{
+  struct eng_sync *list = a->eng.sync, *s, *next, *mine = NULL;
+
+  a->eng.sync = NULL;
+  a->eng.sync_tail = &a->eng.sync;
+  for (s = list; s != NULL; s = next) {
+    next = s->next;
+    if (inline_runs == GLUE_INLINE_NONE && iopool_submit_sync (s))
+      continue;
+    s->next = mine;
+    mine = s;
+  }
+  return mine;
+}
+
+/* Sync one backing file: its result is an errno, or 0. */
+static int
+sync_backing (struct eng_sync *s)
+{
+  return backing_sync (&backings[s->backing]) == 0 ? 0 : errno;
+}
+
 /* Queue run r at the end of this thread's own list. */
 static void
 keep (struct eng_run ***tail, struct eng_run *r)
@@ -220,10 +259,26 @@ glue_perform (struct glue_actions *a, uint32_t inline_runs)
 
   for (;;) {
     struct eng_run *list, *r, *next;
+    struct eng_sync *syncs;
     const struct backing *strand = NULL;
     int err;
 
     answer_and_release (a);
+    syncs = take_syncs (a, inline_runs);
+    if (syncs != NULL) {
+      /* The runs wait meanwhile: a FLUSH waits for the sync, and
+       * nothing waits for runs made after it.
+       */
+      struct eng_sync *s = syncs;
+
+      while (s != NULL) {
+        struct eng_sync *n = s->next;
+
+        sync_done_into (a, s, sync_backing (s));
+        s = n;
+      }
+      continue;
+    }
     list = a->eng.issue;
     if (list == NULL && mine == NULL)
       return;
@@ -288,6 +343,16 @@ glue_runs_done (struct eng_run *const *runs, const int *errs, size_t n)
   glue_end_locked (&a);
   pthread_mutex_unlock (&eng_lock);
   glue_perform (&a, GLUE_INLINE_NONE);
+}
+
+void
+glue_sync (struct eng_sync *s, uint32_t inline_runs)
+{
+  struct glue_actions a;
+
+  glue_begin (&a);
+  sync_done_into (&a, s, sync_backing (s));
+  glue_perform (&a, inline_runs == 0 ? 1 : inline_runs);
 }
 
 void

@@ -112,6 +112,12 @@ extern void glue_perform (struct glue_actions *a, uint32_t inline_runs);
  */
 extern void glue_issue (struct eng_run *r, uint32_t inline_runs);
 
+/* Perform sync s now, in this thread (fdatasync, or an NBD FLUSH to a
+ * remote and its answer), and hand its result to the engine; what that
+ * unblocks is performed with `inline_runs` as above.
+ */
+extern void glue_sync (struct eng_sync *s, uint32_t inline_runs);
+
 /* Runs a remote's loop thread got answers for: hand each back to the
  * engine with its result (0 or an errno: EAGAIN/ENOMEM are "not now")
  * under one eng_lock acquisition, and carry out what that unblocks

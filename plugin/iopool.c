@@ -23,6 +23,7 @@
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
 static struct eng_run *head, **tail = &head;   /* Linked by issue_next. */
+static struct eng_sync *sync_head, **sync_tail = &sync_head;
 enum pool_state { POOL_STOPPED, POOL_RUNNING, POOL_STOPPING };
 static enum pool_state state;
 static pthread_t *threads;                     /* Owned. */
@@ -32,22 +33,33 @@ static void *
 pool_thread (void *arg)
 {
   for (;;) {
-    struct eng_run *r;
+    struct eng_run *r = NULL;
+    struct eng_sync *s = NULL;
 
     pthread_mutex_lock (&lock);
-    while (head == NULL && state == POOL_RUNNING)
+    while (head == NULL && sync_head == NULL && state == POOL_RUNNING)
       pthread_cond_wait (&cond, &lock);
-    if (head == NULL) {
-      pthread_mutex_unlock (&lock);
-      return NULL;
+    if (sync_head != NULL) {
+      /* First: FLUSHes wait for it, and it blocks no write. */
+      s = sync_head;
+      sync_head = s->next;
+      if (sync_head == NULL)
+        sync_tail = &sync_head;
     }
-    r = head;
-    head = r->issue_next;
-    if (head == NULL)
-      tail = &head;
+    else if (head != NULL) {
+      r = head;
+      head = r->issue_next;
+      if (head == NULL)
+        tail = &head;
+    }
     pthread_mutex_unlock (&lock);
 
-    glue_issue (r, GLUE_INLINE_ALL);
+    if (s != NULL)
+      glue_sync (s, GLUE_INLINE_ALL);
+    else if (r != NULL)
+      glue_issue (r, GLUE_INLINE_ALL);
+    else
+      return NULL;
   }
 }
 
@@ -95,6 +107,20 @@ iopool_submit (struct eng_run *r)
   r->issue_next = NULL;
   *tail = r;
   tail = &r->issue_next;
+  pthread_cond_signal (&cond);
+  return true;
+}
+
+bool
+iopool_submit_sync (struct eng_sync *s)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&lock);
+
+  if (state != POOL_RUNNING)
+    return false;
+  s->next = NULL;
+  *sync_tail = s;
+  sync_tail = &s->next;
   pthread_cond_signal (&cond);
   return true;
 }

@@ -2,7 +2,7 @@
  * Copyright the nbdplug authors (see LICENSE).
  */
 
-/* iopool.h: threads that issue runs to the backing files.
+/* iopool.h: threads that issue runs (and syncs) to the backing files.
  *
  * The engine decides what to write and in which order; these threads
  * only perform the I/O, so that runs that do not depend on each other
@@ -28,7 +28,14 @@ extern int iopool_start (unsigned n);
  */
 extern bool iopool_submit (struct eng_run *r);
 
-/* Stop and join the threads; runs still queued are issued first. */
+/* Queue sync s (owned by the engine, in flight) for a pool thread, as
+ * iopool_submit does a run: a thread that must not block (the timer,
+ * a remote's loop) hands its syncs here.
+ */
+extern bool iopool_submit_sync (struct eng_sync *s);
+
+/* Stop and join the threads; runs and syncs still queued are issued
+ * first. */
 extern void iopool_stop (void);
 
 #endif /* NBDPLUG_IOPOOL_H */

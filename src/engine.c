@@ -49,13 +49,33 @@ struct op_list {
   struct eng_op *head, *tail;
 };
 
-/* A deferred error: acknowledged writes in [lo, hi] (sequence numbers)
- * failed for good with err.  A FLUSH whose horizon reaches lo reports
- * it; failures after that horizon stay for the next FLUSH.
+/* A range of a backing file and the sequence numbers of the mutations
+ * that last wrote it, [seq_lo, seq_hi]: an entry of a file's record of
+ * lost data, or of its set of ranges written since a sync.
  */
-struct deferred {
-  int err;                      /* 0: none. */
-  uint64_t lo, hi;
+struct span {
+  uint64_t start, end;          /* Bytes [start, end) of the file. */
+  uint64_t seq_lo, seq_hi;
+  int err;                      /* The record: what a FLUSH answers. */
+};
+DEFINE_VECTOR_TYPE (span_vector, struct span)
+
+/* Entries a file's record (or one of its written sets) keeps before it
+ * widens them to one: bounded memory, at the price of over-reporting
+ * (the record) or of recording more as lost when a sync fails (the
+ * written sets), never of under-reporting.
+ */
+#define SPAN_CAP 256
+
+/* A file's sync (engine_sync_done).  One at a time per file: a sync
+ * covers what was written before it began, so a FLUSH that finds one
+ * running after its writes finished needs the next one (the kernel's
+ * blk-flush keeps one flush in flight per queue and merges the flushes
+ * that wait meanwhile into the next).
+ */
+enum sync_state {
+  SYNC_IDLE,
+  SYNC_INFLIGHT,                /* Its eng_sync was given to the caller. */
 };
 
 /* A backing file's dispatch queue (the blk-mq hardware queue). */
@@ -81,6 +101,16 @@ struct eng_file {
   uint64_t delay_until;
   struct retry_state retry;     /* Backoff of the queue. */
   struct ratelimit log;         /* Error lines about its runs. */
+
+  /* DURABILITY. */
+  span_vector lost;             /* THE RECORD: acknowledged data that
+                                 * failed for good and was not written
+                                 * again since.  Overlaps allowed. */
+  span_vector written;          /* Written since the last sync began. */
+  span_vector syncing;          /* Written before the sync in flight
+                                 * began: what it covers. */
+  enum sync_state sync_state;
+  struct eng_sync sync;         /* The action, while SYNC_INFLIGHT. */
 };
 
 enum conn_state {
@@ -149,10 +179,7 @@ struct eng_conn {
   unsigned nr_waiting;          /* Ops whose client waits for an answer. */
   struct op_list mem_wait;      /* OP_WAIT_MEMORY, FIFO. */
   struct eng_op *close_op;
-  uint64_t close_deadline_ns;
 
-  struct deferred deferred;     /* What this connection's next FLUSH
-                                 * reports. */
   int last_err;                 /* Last failure, for refused writers. */
 
   uint64_t recent_start[NR_RECENT], recent_end[NR_RECENT];
@@ -175,15 +202,16 @@ struct engine {
   struct op_list flush_wait;    /* By horizon. */
   struct op_list read_wait;
   struct eng_op *shutdown_op;
-  uint64_t shutdown_deadline_ns;
   uint64_t bytes;
   uint64_t lost;
   uint64_t order_checks;        /* See struct eng_counts. */
   size_t run_prefix;
   uint64_t mem_bound;           /* Copied bytes per connection. */
-  struct deferred deferred;     /* Not yet reported by any FLUSH: a
-                                 * connection opened later inherits it
-                                 * (its FLUSH covers those writes too). */
+  uint64_t nr_lost_spans;       /* Entries in every file's record. */
+  uint64_t sync_round;          /* Rounds of syncs begun. */
+  unsigned sync_pending;        /* Syncs of the last round not done; 0:
+                                 * no round in flight. */
+  struct op_list sync_wait;     /* OP_SYNC_WAIT, by sync_round. */
   bool deadline_earlier;        /* See engine_deadline_may_be_earlier. */
   uint64_t unplugs_tried;       /* For cfg.inject_unplug_nomem. */
 };
@@ -291,6 +319,8 @@ eng_actions_init (struct eng_actions *a)
 {
   a->issue = NULL;
   a->issue_tail = &a->issue;
+  a->sync = NULL;
+  a->sync_tail = &a->sync;
   a->reply = NULL;
   a->reply_tail = &a->reply;
   a->release = NULL;
@@ -374,8 +404,19 @@ engine_new (const struct eng_config *cfg)
   e->mem_bound = cfg->lim.max_bytes;
   e->cfg.lim.max_bytes = MAX (cfg->lim.max_bytes / 2, (uint64_t) 1);
   for (b = 0; b < cfg->nr_backings; ++b) {
-    e->files[b].max_inflight = cfg->max_inflight;
-    itree_init (&e->files[b].index, cfg->seed + b);
+    struct eng_file *f = &e->files[b];
+
+    f->max_inflight = cfg->max_inflight;
+    itree_init (&f->index, cfg->seed + b);
+    /* THE RECORD must take a loss whenever one happens, memory or
+     * not: its room is taken now (span_add never allocates).
+     */
+    if (span_vector_reserve (&f->lost, SPAN_CAP) == -1 ||
+        span_vector_reserve (&f->written, SPAN_CAP) == -1 ||
+        span_vector_reserve (&f->syncing, SPAN_CAP) == -1) {
+      engine_free (e);
+      return NULL;
+    }
   }
   e->next_seq = 1;
   e->next_batch = 1;
@@ -403,13 +444,19 @@ engine_free (struct engine *e)
   if (e == NULL)
     return;
   assert (e->conns == NULL);
-  for (b = 0; b < e->cfg.nr_backings; ++b)
-    while (e->files[b].head) {
-      struct eng_run *r = e->files[b].head;
+  for (b = 0; b < e->cfg.nr_backings; ++b) {
+    struct eng_file *f = &e->files[b];
 
-      e->files[b].head = r->qnext;
+    while (f->head) {
+      struct eng_run *r = f->head;
+
+      f->head = r->qnext;
       run_free (r);
     }
+    span_vector_reset (&f->lost);
+    span_vector_reset (&f->written);
+    span_vector_reset (&f->syncing);
+  }
   free (e->files);
   free (e);
 }
@@ -433,7 +480,6 @@ engine_conn_open (struct engine *e, struct plug_stats *stats)
   }
   c->e = e;
   c->stats = stats;
-  c->deferred = e->deferred;
   for (i = 0; i < NR_RECENT; ++i) {
     c->recent_start[i] = UINT64_MAX;    /* Empty: near nothing. */
     c->recent_end[i] = 0;
@@ -494,67 +540,360 @@ unf_remove (struct engine *e, struct eng_op *op)
   op->unf_prev = op->unf_next = NULL;
 }
 
+/* ---- THE RECORD: spans of lost data ---- */
+
+static const char *
+file_name (const struct engine *e, uint32_t b, char *buf, size_t n)
+{
+  if (e->cfg.names)
+    return e->cfg.names[b];
+  snprintf (buf, n, "#%" PRIu32, b);
+  return buf;
+}
+
+static bool
+spans_touch (const struct span *a, uint64_t start, uint64_t end)
+{
+  return a->start <= end && start <= a->end;
+}
+
+/* One span covering every span of v (and nothing else is kept). */
 static void
-deferred_add (struct deferred *d, int err, uint64_t seq)
+span_hull (span_vector *v)
 {
-  if (d->err == 0) {
-    d->err = err;
-    d->lo = d->hi = seq;
+  struct span h = v->ptr[0];
+  size_t i;
+
+  for (i = 1; i < v->len; ++i) {
+    h.start = MIN (h.start, v->ptr[i].start);
+    h.end = MAX (h.end, v->ptr[i].end);
+    h.seq_lo = MIN (h.seq_lo, v->ptr[i].seq_lo);
+    h.seq_hi = MAX (h.seq_hi, v->ptr[i].seq_hi);
   }
-  else {
-    d->lo = MIN (d->lo, seq);
-    d->hi = MAX (d->hi, seq);
-  }
+  v->ptr[0] = h;
+  v->len = 1;
 }
 
-/* The error a FLUSH with this horizon reports, consuming what it covers. */
-static int
-deferred_take (struct deferred *d, uint64_t horizon)
+/* Add sp to v.  exact: merge only with a neighbour of the same
+ * sequence numbers and errno (the record, whose entries heal one by
+ * one); otherwise with the last span if it touches (a written set:
+ * sequential writes make one span).  Its storage was reserved when the
+ * engine was made (SPAN_CAP): past that, v becomes its hull.  Returns
+ * true if it did.
+ */
+static bool
+span_add (span_vector *v, struct span sp, bool exact)
 {
-  int err = d->err;
+  struct span *last = v->len ? &v->ptr[v->len - 1] : NULL;
 
-  if (err == 0 || d->lo > horizon)
-    return 0;
-  if (d->hi <= horizon)
-    d->err = 0;
-  else
-    d->lo = horizon + 1;
-  return err;
+  if (last && spans_touch (last, sp.start, sp.end) &&
+      (!exact || (last->seq_lo == sp.seq_lo && last->seq_hi == sp.seq_hi &&
+                  last->err == sp.err))) {
+    last->start = MIN (last->start, sp.start);
+    last->end = MAX (last->end, sp.end);
+    last->seq_lo = MIN (last->seq_lo, sp.seq_lo);
+    last->seq_hi = MAX (last->seq_hi, sp.seq_hi);
+    return false;
+  }
+  assert (v->cap >= SPAN_CAP);
+  v->ptr[v->len++] = sp;
+  if (v->len < SPAN_CAP)
+    return false;
+  span_hull (v);
+  return true;
 }
 
-/* Every connection may rely on a FLUSH covering the write that failed
- * (multi-conn), so every connection's next FLUSH reports it, and so does
- * the first FLUSH of a connection opened before any FLUSH reported it.
+/* Take [start, end) out of every span of v older than seq (seq_hi <
+ * seq): a newer mutation there succeeded.  A span cut in two needs one
+ * more entry; at SPAN_CAP it stays whole (over-reports, never under).
  */
 static void
-defer_error (struct engine *e, int err, uint64_t seq)
+span_cut (span_vector *v, uint64_t start, uint64_t end, uint64_t seq)
 {
-  struct eng_conn *c;
+  size_t i = 0;
 
-  deferred_add (&e->deferred, err, seq);
-  for (c = e->conns; c != NULL; c = c->next) {
-    deferred_add (&c->deferred, err, seq);
-    c->last_err = err;
+  while (i < v->len) {
+    struct span *sp = &v->ptr[i];
+
+    if (sp->end <= start || end <= sp->start || sp->seq_hi >= seq)
+      i++;
+    else if (start <= sp->start && sp->end <= end)
+      *sp = v->ptr[--v->len];   /* Healed whole; look at the moved one. */
+    else if (sp->start < start && end < sp->end) {
+      if (v->len < SPAN_CAP) {
+        struct span right = *sp;
+
+        right.start = end;
+        sp->end = start;
+        v->ptr[v->len++] = right;
+      }
+      i++;
+    }
+    else {
+      if (sp->start < start)
+        sp->end = start;
+      else
+        sp->start = end;
+      i++;
+    }
   }
 }
 
-/* The error c's FLUSH with this horizon reports. */
-static int
-take_deferred (struct engine *e, struct eng_conn *c, uint64_t horizon)
+/* An acknowledged mutation's piece p failed for good with err. */
+static void
+record_lost (struct engine *e, uint32_t b, struct span sp, uint64_t now)
 {
-  int err = deferred_take (&c->deferred, horizon);
-  int any = deferred_take (&e->deferred, horizon);
+  struct eng_file *f = &e->files[b];
+  size_t before = f->lost.len;
+  char buf[32];
 
-  return err ? err : any;
+  if (span_add (&f->lost, sp, true))
+    eng_log (e, 0, "file=%s: more than %d ranges of lost data: recorded "
+             "as one, [%" PRIu64 ", %" PRIu64 "): FLUSHes fail until it "
+             "is all written again", file_name (e, b, buf, sizeof buf),
+             SPAN_CAP, f->lost.ptr[0].start, f->lost.ptr[0].end);
+  e->nr_lost_spans += f->lost.len - before;
+  (void) now;
+}
+
+/* A mutation with sequence number seq succeeded over [start, end) of
+ * file b: what it overwrote is no longer lost.
+ */
+static void
+record_heal (struct engine *e, uint32_t b, uint64_t start, uint64_t end,
+             uint64_t seq)
+{
+  struct eng_file *f = &e->files[b];
+  size_t before = f->lost.len;
+
+  if (before == 0)
+    return;
+  span_cut (&f->lost, start, end, seq);
+  e->nr_lost_spans -= before - f->lost.len;
+}
+
+/* What a FLUSH with this horizon answers: the errno of a recorded loss
+ * of a mutation it covers, or 0.
+ */
+static int
+record_check (const struct engine *e, uint64_t horizon)
+{
+  uint32_t b;
+  size_t i;
+
+  if (e->nr_lost_spans == 0)
+    return 0;
+  for (b = 0; b < e->cfg.nr_backings; ++b)
+    for (i = 0; i < e->files[b].lost.len; ++i)
+      if (e->files[b].lost.ptr[i].seq_lo <= horizon)
+        return e->files[b].lost.ptr[i].err;
+  return 0;
+}
+
+/* What a FUA mutation answers once synced: the errno of a recorded loss
+ * over one of its pieces, as old as it or older, or 0.
+ */
+static int
+record_check_op (const struct engine *e, const struct eng_op *op)
+{
+  size_t i, k;
+
+  if (e->nr_lost_spans == 0)
+    return 0;
+  for (i = 0; i < op->nr_pieces; ++i) {
+    const struct plug_req *p = &op->pieces[i];
+    const span_vector *v = &e->files[p->backing].lost;
+
+    for (k = 0; k < v->len; ++k)
+      if (v->ptr[k].seq_lo <= op->seq &&
+          v->ptr[k].start < p->offset + p->count &&
+          p->offset < v->ptr[k].end)
+        return v->ptr[k].err;
+  }
+  return 0;
+}
+
+/* ---- SYNCS BELONG TO THE ENGINE: rounds of syncs ---- */
+
+/* Which round of syncs must a waiter whose writes all finished wait
+ * for?  A file written since its last sync began needs a new one: the
+ * next round (one round is in flight at a time, so the waiters that
+ * come meanwhile share the next one: blk-flush's pending flushes).
+ * With nothing written since, the round in flight covers everything,
+ * and with none in flight nothing is left to sync: 0.
+ */
+static uint64_t
+round_needed (const struct engine *e)
+{
+  uint32_t b;
+
+  for (b = 0; b < e->cfg.nr_backings; ++b)
+    if (e->files[b].written.len > 0)
+      return e->sync_round + 1;
+  return e->sync_pending > 0 ? e->sync_round : 0;
+}
+
+/* What op answers once synced.  A FLUSH: whether its horizon reaches
+ * a recorded loss; a FUA mutation: its own error, or a loss over its
+ * own range; the exit: any loss not written again.
+ */
+static void
+sync_answer (struct engine *e, struct eng_op *op, struct eng_actions *out)
+{
+  int err;
+
+  switch (op->kind) {
+  case ENG_FLUSH:
+    err = record_check (e, op->horizon);
+    break;
+  case ENG_SHUTDOWN:
+    err = record_check (e, UINT64_MAX);
+    break;
+  default:
+    err = op->err ? op->err : record_check_op (e, op);
+    break;
+  }
+  op_answer (op, err, out);
+  op_release (op, out);
+}
+
+static void round_done (struct engine *e, uint64_t now,
+                        struct eng_actions *out);
+
+/* Begin the next round: sync every file written since its last sync
+ * began.  Its syncs are counted on the first waiter's connection.
+ */
+static void
+start_round (struct engine *e, struct plug_stats *stats, uint64_t now,
+             struct eng_actions *out)
+{
+  uint32_t b;
+
+  assert (e->sync_pending == 0);
+  e->sync_round++;
+  for (b = 0; b < e->cfg.nr_backings; ++b) {
+    struct eng_file *f = &e->files[b];
+    span_vector t;
+
+    if (f->written.len == 0)
+      continue;
+    assert (f->sync_state == SYNC_IDLE && f->syncing.len == 0);
+    t = f->syncing;
+    f->syncing = f->written;
+    f->written = t;
+    f->sync_state = SYNC_INFLIGHT;
+    f->sync.backing = b;
+    f->sync.next = NULL;
+    *out->sync_tail = &f->sync;
+    out->sync_tail = &f->sync.next;
+    e->sync_pending++;
+    if (stats)
+      stats_count (&stats->backend[STATS_B_SYNC], 0);
+  }
+  if (e->sync_pending == 0)
+    round_done (e, now, out);
+}
+
+/* Every sync of the round in flight is done: answer its waiters, and
+ * begin the next round for those that need it.
+ */
+static void
+round_done (struct engine *e, uint64_t now, struct eng_actions *out)
+{
+  struct eng_op *op;
+
+  while ((op = e->sync_wait.head) != NULL && op->sync_round <= e->sync_round) {
+    list_remove (&e->sync_wait, op);
+    if (op->conn)
+      STATS_ADD (op->conn->stats->synced_answers, 1);
+    sync_answer (e, op, out);
+  }
+  if (op != NULL)
+    start_round (e, op->conn ? op->conn->stats : NULL, now, out);
+}
+
+/* op's writes all finished (a FLUSH at its horizon, a FUA mutation
+ * written, the exit): answer it once the files are synced.
+ */
+static void
+wait_sync (struct engine *e, struct eng_op *op, uint64_t now,
+           struct eng_actions *out)
+{
+  uint64_t need = round_needed (e);
+
+  if (need == 0) {
+    sync_answer (e, op, out);
+    return;
+  }
+  op->state = OP_SYNC_WAIT;
+  op->sync_round = need;
+  list_append (&e->sync_wait, op);
+  if (e->sync_pending == 0)
+    start_round (e, op->conn ? op->conn->stats : NULL, now, out);
+}
+
+/* A sync failed: what it covered, and what was written since (Linux
+ * reports a writeback error once per open file, so the next sync may
+ * succeed over pages that were lost meanwhile), is lost.
+ */
+static void
+sync_failed (struct engine *e, uint32_t b, int err, uint64_t now)
+{
+  struct eng_file *f = &e->files[b];
+  const span_vector *sets[2] = { &f->syncing, &f->written };
+  size_t i, k, n = 0;
+  char buf[32];
+
+  for (k = 0; k < 2; ++k)
+    for (i = 0; i < sets[k]->len; ++i) {
+      struct span sp = sets[k]->ptr[i];
+
+      sp.err = err;
+      record_lost (e, b, sp, now);
+      n++;
+    }
+  eng_log (e, 0, "file=%s: sync failed: %s: %zu range%s written since "
+           "the last successful sync recorded as lost",
+           file_name (e, b, buf, sizeof buf), strerror (err), n,
+           n == 1 ? "" : "s");
+}
+
+void
+engine_sync_done (struct engine *e, struct eng_sync *s, int err,
+                  uint64_t now, struct eng_actions *out)
+{
+  struct eng_file *f = &e->files[s->backing];
+
+  assert (f->sync_state == SYNC_INFLIGHT && e->sync_pending > 0);
+  f->sync_state = SYNC_IDLE;
+  if (err)
+    sync_failed (e, s->backing, err, now);
+  f->syncing.len = 0;
+  if (--e->sync_pending == 0)
+    round_done (e, now, out);
+  check_waiters (e, now, out);
+}
+
+void
+engine_record_lost (struct engine *e, uint32_t b, uint64_t offset,
+                    uint64_t count, uint64_t seq_lo, uint64_t seq_hi, int err)
+{
+  struct span sp = {
+    .start = offset, .end = offset + count,
+    .seq_lo = seq_lo, .seq_hi = seq_hi, .err = err,
+  };
+
+  record_lost (e, b, sp, 0);
 }
 
 /* ---- finishing ---- */
 
 /* Every piece of mutation op finished. */
 static void
-op_finish (struct engine *e, struct eng_op *op, struct eng_actions *out)
+op_finish (struct engine *e, struct eng_op *op, uint64_t now,
+           struct eng_actions *out)
 {
-  struct eng_conn *c = op->conn;
+  struct eng_conn *c = op->conn, *o;
 
   unf_remove (e, op);
   c->nr_unfinished--;
@@ -563,16 +902,48 @@ op_finish (struct engine *e, struct eng_op *op, struct eng_actions *out)
   if (op->told_ok) {
     c->nr_told_ok--;
     if (op->err) {
-      /* Nobody can be told now: the next FLUSH will be. */
-      defer_error (e, op->err, op->seq);
+      /* Nobody can be told now: its pieces are in THE RECORD
+       * (run_finish), which every FLUSH that covers them reports.
+       */
       e->lost++;
       STATS_ADD (c->stats->lost, 1);
+      for (o = e->conns; o != NULL; o = o->next)
+        o->last_err = op->err;
     }
   }
   else if (op->err)
     c->last_err = op->err;
+  if ((op->flags & ENG_F_FUA) && op->reply_pending && op->err == 0) {
+    /* NBD: FUA "MUST NOT send its reply ... until ... persisted". */
+    wait_sync (e, op, now, out);
+    return;
+  }
   op_answer (op, op->err, out);
   op_release (op, out);
+}
+
+/* Run r was written: its file needs a sync before a FLUSH may count on
+ * it, and what it overwrote is no longer lost (each member heals with
+ * its own sequence number: a loss newer than a member stays).
+ */
+static void
+note_written (struct engine *e, const struct eng_run *r)
+{
+  struct eng_file *f = &e->files[r->run->backing];
+  struct span sp = {
+    .start = r->run->offset, .end = r->run->offset + r->run->count,
+    .seq_lo = UINT64_MAX, .seq_hi = 0,
+  };
+  size_t i;
+
+  for (i = 0; i < r->run->n; ++i) {
+    const struct plug_req *p = r->run->reqs[i];
+
+    sp.seq_lo = MIN (sp.seq_lo, p->seq);
+    sp.seq_hi = MAX (sp.seq_hi, p->seq);
+    record_heal (e, p->backing, p->offset, p->offset + p->count, p->seq);
+  }
+  (void) span_add (&f->written, sp, false);
 }
 
 /* Run r is done with err (0: written).  Its members finish. */
@@ -600,6 +971,8 @@ run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
   if (r->state != RUN_INFLIGHT)
     f->nr_queued--;
   r->conn->nr_runs--;
+  if (err == 0)
+    note_written (e, r);
 
   for (i = 0; i < r->run->n; ++i) {
     struct plug_req *p = r->run->reqs[i];
@@ -610,9 +983,17 @@ run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
     stats_max (&op->conn->stats->held_max_ns, held);
     if (err && op->err == 0)
       op->err = err;
+    if (err && op->told_ok) {
+      struct span sp = {
+        .start = p->offset, .end = p->offset + p->count,
+        .seq_lo = p->seq, .seq_hi = p->seq, .err = err,
+      };
+
+      record_lost (e, p->backing, sp, now);
+    }
     assert (op->pending > 0);
     if (--op->pending == 0)
-      op_finish (e, op, out);
+      op_finish (e, op, now, out);
   }
   run_free (r);
 }
@@ -1507,8 +1888,7 @@ submit_flush (struct engine *e, struct eng_conn *c, struct eng_op *op,
    * it needs.  It must not wait for other requests in flight.
    */
   if (e->cfg.mode == ENG_HOLD) {
-    op_answer (op, 0, out);
-    op_release (op, out);
+    wait_sync (e, op, now, out);
     return;
   }
   /* blk_finish_plug on every plug: with multi-conn, a FLUSH covers what
@@ -1577,8 +1957,6 @@ submit_close (struct engine *e, struct eng_conn *c, struct eng_op *op,
   c->nr_waiting++;
   op->state = OP_WAITING;
   c->close_op = op;
-  c->close_deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
-  deadline_earlier (e);
   /* No worker is left to wait for memory. */
   while ((w = c->mem_wait.head) != NULL) {
     list_remove (&c->mem_wait, w);
@@ -1602,8 +1980,6 @@ submit_shutdown (struct engine *e, struct eng_conn *c, struct eng_op *op,
     c->nr_waiting++;
   op->state = OP_WAITING;
   e->shutdown_op = op;
-  e->shutdown_deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
-  deadline_earlier (e);
   for (o = e->conns; o != NULL; o = o->next)
     conn_unplug (e, o, PLUG_UNPLUG_CLOSE, now, out);
   dispatch_all (e, now, true, out);
@@ -1659,22 +2035,6 @@ engine_conn_set_workers (struct engine *e, struct eng_conn *c, unsigned n,
 }
 
 /* ---- completion ---- */
-
-/* A run completed: the backend makes progress, so a close or exit that
- * waits for its data gets retry-timeout from now.  Only a backend that
- * completes nothing for that long makes it give up what is queued.
- */
-static void
-note_progress (struct engine *e, uint64_t now)
-{
-  struct eng_conn *c;
-
-  for (c = e->conns; c != NULL; c = c->next)
-    if (c->close_op && c->close_deadline_ns != UINT64_MAX)
-      c->close_deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
-  if (e->shutdown_op && e->shutdown_deadline_ns != UINT64_MAX)
-    e->shutdown_deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
-}
 
 /* q waited for the failed run w->r, which is about to be replaced by
  * its pieces (w->pieces): it waits for those that overlap it instead.
@@ -1828,7 +2188,6 @@ engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
     }
     retry_reset (&f->retry);
     run_finish (e, r, 0, now, out);
-    note_progress (e, now);
   }
   else if (retry_is_transient (err) && !fast)
     not_now (e, f, r, now, out);
@@ -1857,6 +2216,29 @@ engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
 
 /* ---- waiting ops ---- */
 
+/* A close or the exit: the lines the rate limit held back about each
+ * file's runs are counted in the log now, so that every loss at least
+ * reaches it as a number.
+ */
+static void
+log_suppressed (struct engine *e)
+{
+  uint32_t b;
+  char buf[32];
+
+  for (b = 0; b < e->cfg.nr_backings; ++b) {
+    struct ratelimit *rl = &e->files[b].log;
+
+    if (rl->suppressed == 0)
+      continue;
+    eng_log (e, 0, "file=%s: %" PRIu64 " more failure message%s about "
+             "its runs suppressed since the last one", file_name (e, b,
+             buf, sizeof buf), rl->suppressed,
+             rl->suppressed == 1 ? "" : "s");
+    rl->suppressed = 0;
+  }
+}
+
 static bool
 conn_settled (const struct eng_conn *c)
 {
@@ -1871,8 +2253,7 @@ check_waiters (struct engine *e, uint64_t now, struct eng_actions *out)
 
   while ((op = e->flush_wait.head) != NULL && flush_ready (e, op)) {
     list_remove (&e->flush_wait, op);
-    op_answer (op, take_deferred (e, op->conn, op->horizon), out);
-    op_release (op, out);
+    wait_sync (e, op, now, out);
   }
   for (op = e->read_wait.head; op != NULL; op = next) {
     next = op->wnext;
@@ -1888,6 +2269,7 @@ check_waiters (struct engine *e, uint64_t now, struct eng_actions *out)
     if (c->close_op && conn_settled (c)) {
       op = c->close_op;
       c->close_op = NULL;
+      log_suppressed (e);
       op_answer (op, 0, out);
       op_release (op, out);
     }
@@ -1895,8 +2277,8 @@ check_waiters (struct engine *e, uint64_t now, struct eng_actions *out)
   if (e->shutdown_op && e->unf_head == NULL) {
     op = e->shutdown_op;
     e->shutdown_op = NULL;
-    op_answer (op, 0, out);
-    op_release (op, out);
+    log_suppressed (e);
+    wait_sync (e, op, now, out);
   }
 }
 
@@ -1920,30 +2302,6 @@ plug_deadline (const struct engine *e, const struct eng_conn *c)
   if (e->cfg.idle_ns > 0)
     d = MIN (d, eng_add_ns (c->last_activity_ns, e->cfg.idle_ns));
   return d;
-}
-
-/* Fail for good every queued (not in flight) run of c, or of every
- * connection if c is NULL: a close or exit whose deadline passed.
- */
-static void
-fail_queued (struct engine *e, const struct eng_conn *c, uint64_t now,
-             struct eng_actions *out)
-{
-  uint32_t b;
-
-  for (b = 0; b < e->cfg.nr_backings; ++b) {
-    struct eng_run *r, *next;
-
-    for (r = e->files[b].head; r != NULL; r = next) {
-      next = r->qnext;
-      if (r->state != RUN_INFLIGHT && (c == NULL || r->conn == c)) {
-        STATS_ADD (r->conn->stats->gave_up, 1);
-        log_run (e, r, "not written within retry-timeout of the close",
-                 ETIMEDOUT, now);
-        run_finish (e, r, EIO, now, out);
-      }
-    }
-  }
 }
 
 void
@@ -1974,16 +2332,6 @@ engine_tick (struct engine *e, uint64_t now, struct eng_actions *out)
     }
     while ((op = c->mem_wait.head) != NULL && now >= op->deadline_ns)
       refuse_waiter (c, op, out);
-    if (c->close_op && now >= c->close_deadline_ns) {
-      c->close_deadline_ns = UINT64_MAX;
-      conn_unplug (e, c, PLUG_UNPLUG_CLOSE, now, out);
-      fail_queued (e, c, now, out);
-      dispatch_all (e, now, false, out);        /* What they blocked. */
-    }
-  }
-  if (e->shutdown_op && now >= e->shutdown_deadline_ns) {
-    e->shutdown_deadline_ns = UINT64_MAX;
-    fail_queued (e, NULL, now, out);
   }
   for (b = 0; b < e->cfg.nr_backings; ++b) {
     struct eng_file *f = &e->files[b];
@@ -2017,11 +2365,7 @@ engine_next_deadline (const struct engine *e)
     d = MIN (d, plug_deadline (e, c));
     if (c->mem_wait.head)
       d = MIN (d, c->mem_wait.head->deadline_ns);
-    if (c->close_op)
-      d = MIN (d, c->close_deadline_ns);
   }
-  if (e->shutdown_op)
-    d = MIN (d, e->shutdown_deadline_ns);
   for (b = 0; b < e->cfg.nr_backings; ++b)
     if (e->files[b].state == FILE_DELAYED && e->files[b].nr_queued > 0)
       d = MIN (d, e->files[b].delay_until);
@@ -2055,10 +2399,3 @@ engine_counts (const struct engine *e, struct eng_counts *n)
   n->order_checks = e->order_checks;
 }
 
-void
-engine_record_lost (struct engine *e, uint32_t b, uint64_t offset,
-                    uint64_t count, uint64_t seq_lo, uint64_t seq_hi, int err)
-{
-  (void) b; (void) offset; (void) count; (void) seq_hi;
-  defer_error (e, err, seq_lo);
-}

@@ -45,10 +45,21 @@
  *    A run fails for good only on a real error, or after retry-timeout
  *    of "not now".
  *  - ERRORS BELONG TO RUNS.  A failed run fails only its own requests;
- *    other runs of the same file go on.  A write that was acknowledged
- *    and then failed for good is released (memory stays bounded) and its
- *    error becomes the deferred error that the next FLUSH of every
- *    connection reports.
+ *    other runs of the same file go on.  A client that waits for a
+ *    mutation (hold mode, FUA, the direct path) gets its error.
+ *  - THE RECORD.  An acknowledged mutation that failed for good is
+ *    released (memory stays bounded) and its range, with its sequence
+ *    number and errno, enters its file's record of lost data; so do the
+ *    ranges a failed sync covered, and those a remote connection that
+ *    died had answered (engine_record_lost).  Every FLUSH, on any
+ *    connection, opened before or after, whose horizon reaches an entry
+ *    fails with its errno; an entry leaves the record only when a newer
+ *    mutation over its range succeeded.  NBD: a successful FLUSH means
+ *    every write answered before it is on stable storage.
+ *  - SYNCS BELONG TO THE ENGINE.  A FLUSH (and a FUA mutation, and the
+ *    exit) is answered only after a sync of every file written since
+ *    its last sync began, issued after what it covers finished; the
+ *    FLUSHes that wait while a sync runs share the next one.
  *
  * Ownership: the caller allocates every struct eng_op (and its pieces
  * and data) and frees it when the engine puts it on a release list; the
@@ -78,15 +89,16 @@ enum eng_kind {
   ENG_WRITE = PLUG_OP_WRITE,
   ENG_ZERO = PLUG_OP_ZERO,
   ENG_TRIM = PLUG_OP_TRIM,
-  ENG_FLUSH,                    /* Answered at its horizon; the caller then
-                                 * syncs the files. */
+  ENG_FLUSH,                    /* Answered once everything up to its
+                                 * horizon is written and synced. */
   ENG_READ,                     /* A barrier before reading (or extents):
                                  * answered when no older unfinished
                                  * mutation overlaps its pieces. */
   ENG_CLOSE,                    /* The connection's last request: answered
                                  * when everything it admitted finished. */
   ENG_SHUTDOWN,                 /* Server exit: answered when every
-                                 * connection's mutations finished. */
+                                 * connection's mutations finished and
+                                 * the files are synced. */
 };
 
 /* Op flags. */
@@ -141,6 +153,9 @@ enum eng_op_state {
                                  * in a plug or in runs. */
   OP_WAITING,                   /* FLUSH/READ/CLOSE/SHUTDOWN: parked until
                                  * its condition holds. */
+  OP_SYNC_WAIT,                 /* FLUSH, FUA mutation, SHUTDOWN: what it
+                                 * covers is written; waits for the
+                                 * files' syncs (sync_round). */
   OP_FINISHED,                  /* Answered and released. */
 };
 
@@ -173,7 +188,9 @@ struct eng_op {
   struct eng_conn *conn;
   uint64_t seq;                 /* Mutations: admission order. */
   uint64_t horizon;             /* FLUSH/READ: highest seq before it. */
-  uint64_t deadline_ns;         /* OP_WAIT_MEMORY, CLOSE: give up then. */
+  uint64_t deadline_ns;         /* OP_WAIT_MEMORY: give up then. */
+  uint64_t sync_round;          /* OP_SYNC_WAIT: answered when this round
+                                 * of syncs is done. */
   size_t pending;               /* Pieces not finished. */
   bool reply_pending;           /* The client waits for an answer. */
   bool told_ok;                 /* The client was told "written" before
@@ -225,8 +242,19 @@ struct eng_run {
   struct eng_run *issue_next;           /* Action list. */
 };
 
+/* A sync of one backing file (fdatasync, or NBD_CMD_FLUSH to a remote):
+ * issued by the caller like a run, handed back with engine_sync_done.
+ * It covers every run of the file that completed before it was issued.
+ * Belongs to the engine (one per file); the caller reads `backing`.
+ */
+struct eng_sync {
+  uint32_t backing;
+  struct eng_sync *next;        /* Action list. */
+};
+
 /* What the caller must do after dropping its lock: issue every run in
- * `issue` (and hand each back with engine_complete), answer every op in
+ * `issue` (and hand each back with engine_complete), every sync in
+ * `sync` (engine_sync_done), answer every op in
  * `reply` with op->err, and free every op in `release` (an op may be on
  * both; answer first).  An op answered before it finished (a writer let
  * in after waiting for memory) may be released by a later call, whose
@@ -235,6 +263,7 @@ struct eng_run {
  */
 struct eng_actions {
   struct eng_run *issue, **issue_tail;
+  struct eng_sync *sync, **sync_tail;
   struct eng_op *reply, **reply_tail;
   struct eng_op *release, **release_tail;
 };
@@ -346,6 +375,14 @@ extern void engine_record_lost (struct engine *e, uint32_t b,
                                 uint64_t offset, uint64_t count,
                                 uint64_t seq_lo, uint64_t seq_hi, int err)
   __attribute__ ((__nonnull__ (1)));
+
+/* Sync s, issued before, completed with err (0 or an errno) at now.
+ * A failed sync records as lost what the file's runs wrote since its
+ * last successful sync (THE RECORD).
+ */
+extern void engine_sync_done (struct engine *e, struct eng_sync *s, int err,
+                              uint64_t now, struct eng_actions *out)
+  __attribute__ ((__nonnull__ (1, 2, 5)));
 
 /* Time passed: fire every timer due at now (idle, max-delay, delayed
  * queues, memory waits, close deadlines).

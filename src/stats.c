@@ -48,6 +48,7 @@ stats_merge (struct plug_stats *into, const struct plug_stats *from)
   into->restarted += from->restarted;
   into->gave_up += from->gave_up;
   into->errors += from->errors;
+  into->synced_answers += from->synced_answers;
   into->lost += from->lost;
   into->no_slot += from->no_slot;
 }
@@ -92,6 +93,7 @@ stats_json (const struct plug_stats *s, const char *mode)
            s->largest_requests, s->largest_bytes);
   fprintf (fp, "  \"held_ns\": { \"total\": %" PRIu64
            ", \"max\": %" PRIu64 " },\n", s->held_total_ns, s->held_max_ns);
+  fprintf (fp, "  \"synced_answers\": %" PRIu64 ",\n", s->synced_answers);
   fprintf (fp, "  \"retry\": { \"eagain\": %" PRIu64
            ", \"timer_fired\": %" PRIu64 ", \"restarted\": %" PRIu64
            ", \"gave_up\": %" PRIu64 ", \"errors\": %" PRIu64
@@ -128,9 +130,11 @@ stats_line (const struct plug_stats *s)
     if (s->unplugs[i])
       fprintf (fp, " %s=%" PRIu64, plug_reason_name (i), s->unplugs[i]);
   fprintf (fp, " largest=%" PRIu64 "/%" PRIu64 "B eagain=%" PRIu64
-           " gave_up=%" PRIu64 " errors=%" PRIu64 " lost=%" PRIu64,
+           " gave_up=%" PRIu64 " errors=%" PRIu64 " lost=%" PRIu64
+           " syncs=%" PRIu64 " synced_answers=%" PRIu64,
            s->largest_requests, s->largest_bytes, s->eagain, s->gave_up,
-           s->errors, s->lost);
+           s->errors, s->lost, s->backend[STATS_B_SYNC].ops,
+           s->synced_answers);
   if (fclose (fp) == EOF) {
     free (buf);
     return NULL;

@@ -59,6 +59,10 @@ struct plug_stats {
   uint64_t no_slot;             /* Dispatches that found every in-flight
                                  * slot of a file taken (max-inflight=):
                                  * the queue waited for a completion. */
+  uint64_t synced_answers;      /* FLUSH and FUA requests (and the exit)
+                                 * answered after a round of syncs: over
+                                 * backend "sync" ops, how many requests
+                                 * one sync served (group commit). */
   uint64_t lost;                /* Acknowledged writes (writeback) that
                                  * failed for good: each was logged and
                                  * made the next FLUSH fail. */

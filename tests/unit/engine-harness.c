@@ -25,6 +25,11 @@ struct eng_run *inflight[MAX_INFLIGHT];
 size_t nr_inflight;
 uint64_t now = 1000 * MS;
 
+bool hold_syncs;
+struct eng_sync *syncs_inflight[MAX_SYNCS];
+size_t nr_syncs_inflight;
+unsigned long nr_syncs;
+
 unsigned order_violations;
 unsigned deadline_misses;
 unsigned long nr_answers;
@@ -73,12 +78,23 @@ perform (struct eng_actions *a)
 {
   struct eng_run *r;
   struct eng_op *op, *next;
+  struct eng_sync *s, *snext, *done = NULL;
 
   for (r = a->issue; r != NULL; r = r->issue_next) {
     if (overlaps_inflight (r))
       order_violations++;
     if (nr_inflight < MAX_INFLIGHT)
       inflight[nr_inflight++] = r;
+  }
+  for (s = a->sync; s != NULL; s = snext) {
+    snext = s->next;
+    nr_syncs++;
+    if (hold_syncs && nr_syncs_inflight < MAX_SYNCS)
+      syncs_inflight[nr_syncs_inflight++] = s;
+    else {
+      s->next = done;
+      done = s;
+    }
   }
   for (op = a->reply; op != NULL; op = op->reply_next) {
     struct result *res = op->waiter;
@@ -93,6 +109,26 @@ perform (struct eng_actions *a)
   }
   eng_actions_init (a);
   check_timer ();
+  for (s = done; s != NULL; s = snext) {
+    struct eng_actions b;
+
+    snext = s->next;
+    eng_actions_init (&b);
+    engine_sync_done (e, s, 0, now, &b);
+    perform (&b);
+  }
+}
+
+void
+complete_sync (size_t i, int err)
+{
+  struct eng_actions a;
+  struct eng_sync *s = syncs_inflight[i];
+
+  syncs_inflight[i] = syncs_inflight[--nr_syncs_inflight];
+  eng_actions_init (&a);
+  engine_sync_done (e, s, err, now, &a);
+  perform (&a);
 }
 
 /* Longer than idle= but where a test needs the other order. */
@@ -119,6 +155,7 @@ make (enum eng_mode mode, unsigned max_inflight, uint64_t max_bytes,
   };
 
   nr_inflight = 0;
+  nr_syncs_inflight = 0;
   armed = UINT64_MAX;
   timer_fired = false;
   return engine_new (&cfg);

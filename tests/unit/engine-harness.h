@@ -45,6 +45,19 @@ extern struct eng_run *inflight[MAX_INFLIGHT];  /* Issued, not completed. */
 extern size_t nr_inflight;
 extern uint64_t now;                    /* The fake clock. */
 
+/* Syncs the engine asked for.  Unless hold_syncs, each succeeds at once
+ * (inside perform); otherwise it stays in syncs_inflight until the test
+ * completes it.
+ */
+#define MAX_SYNCS 64
+extern bool hold_syncs;
+extern struct eng_sync *syncs_inflight[MAX_SYNCS];
+extern size_t nr_syncs_inflight;
+extern unsigned long nr_syncs;          /* Issued so far. */
+
+/* Complete in-flight sync i (the last one takes its place) with err. */
+extern void complete_sync (size_t i, int err);
+
 /* QUEUE ORDER as the harness sees it: runs issued while an overlapping
  * run of the same file was in flight (every test expects none).
  */
