@@ -1406,6 +1406,251 @@ test_queue_order_chain (void)
   free_all ();
 }
 
+/* THE RECORD is exact: a loss healed by a newer write that succeeded is
+ * no longer reported, and a loss newer than a FLUSH's horizon is not
+ * that FLUSH's.  Failures at sequence numbers 1 and 3, a success at 2
+ * over 1's range: a FLUSH with horizon 2 succeeds, one with horizon 3
+ * fails.
+ */
+static void
+test_record_exact (void)
+{
+  struct eng_conn *c;
+  struct req *f;
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  c = conn ();
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));               /* seq 1 */
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (EIO);
+  ok (f->res.answered && f->res.err == EIO, "seq 1 failed: its FLUSH "
+      "fails");
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));               /* seq 2 */
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));              /* horizon 2 */
+  submit (c, mkreq (ENG_WRITE, 0, 1 << 20, 4096, 0));         /* seq 3 */
+  tick (10001 * MS);                    /* idle= unplugs seq 3. */
+  ok (nr_inflight == 2 && !f->res.answered, "seq 2 and seq 3 in flight");
+  complete_at (0, 1 << 20, EIO);
+  complete_at (0, 0, 0);
+  ok (f->res.answered && f->res.err == 0,
+      "seq 2 healed seq 1's range, seq 3 is past the horizon: the FLUSH "
+      "succeeds");
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));              /* horizon 3 */
+  ok (f->res.answered && f->res.err == EIO, "a FLUSH that covers seq 3 "
+      "fails");
+  /* A rewrite of part of the lost range heals that part only. */
+  f = rewrite_and_flush (c, 0, 1 << 20, 512);
+  ok (f->res.answered && f->res.err == EIO,
+      "a rewrite of part of the lost range leaves the rest lost");
+  f = rewrite_and_flush (c, 0, (1 << 20) + 512, 4096 - 512);
+  ok (f->res.answered && f->res.err == 0, "the rest rewritten: healed");
+  /* A remote connection that died had answered writes up to seq_hi:
+   * only a newer mutation heals that.
+   */
+  {
+    struct eng_actions a;
+    struct req *w = submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+
+    eng_actions_init (&a);
+    engine_record_lost (e, 0, 0, 4096, w->op.seq, w->op.seq, ENOTCONN);
+    perform (&a);
+    f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+    complete_all (0);
+    ok (f->res.answered && f->res.err == ENOTCONN,
+        "a loss recorded up to a sequence number is not healed by "
+        "the write with that number succeeding");
+    f = rewrite_and_flush (c, 0, 0, 4096);
+    ok (f->res.answered && f->res.err == 0, "a newer one heals it");
+  }
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
+/* SYNCS BELONG TO THE ENGINE: a FLUSH is answered after a sync that
+ * began once its writes were written; FLUSHes that wait while a sync
+ * runs share the next one (blk-flush).  Four connections, one write
+ * and one FLUSH each: two syncs.
+ */
+static void
+test_sync_group_commit (void)
+{
+  struct eng_conn *c[4];
+  struct req *f[4], *g;
+  int i;
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  memset (&stats, 0, sizeof stats);
+  hold_syncs = true;
+  nr_syncs = 0;
+  for (i = 0; i < 4; ++i)
+    c[i] = conn ();
+  submit (c[0], mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  f[0] = submit (c[0], mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (0);
+  ok (nr_syncs == 1 && nr_syncs_inflight == 1 && !f[0]->res.answered,
+      "the first FLUSH's write is written: its sync is issued, the FLUSH "
+      "waits for it");
+  for (i = 1; i < 4; ++i) {
+    submit (c[i], mkreq (ENG_WRITE, 0, (uint64_t) i << 20, 4096, 0));
+    f[i] = submit (c[i], mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  }
+  complete_all (0);
+  ok (nr_syncs == 1 && !f[1]->res.answered && !f[3]->res.answered,
+      "three more FLUSHes whose writes are written wait: the sync in "
+      "flight began before their writes were written");
+  complete_sync (0, 0);
+  ok (f[0]->res.answered && f[0]->res.err == 0 && !f[1]->res.answered,
+      "the first sync answers the first FLUSH only");
+  ok (nr_syncs == 2 && nr_syncs_inflight == 1,
+      "one more sync for the three others");
+  g = submit (c[0], mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (!g->res.answered && nr_syncs == 2,
+      "a FLUSH with nothing new written shares the sync in flight");
+  complete_sync (0, 0);
+  ok (f[1]->res.answered && f[2]->res.answered && f[3]->res.answered &&
+      g->res.answered && f[3]->res.err == 0 && g->res.err == 0,
+      "it answers all four");
+  ok (stats.backend[STATS_B_SYNC].ops == 2 && stats.synced_answers == 5,
+      "statistics: 2 syncs, 5 FLUSHes answered after them");
+  g = submit (c[1], mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (g->res.answered && g->res.err == 0 && nr_syncs == 2,
+      "nothing written since the last sync: a FLUSH needs none");
+  hold_syncs = false;
+  for (i = 0; i < 4; ++i)
+    close_conn (c[i], 0);
+  engine_free (e);
+  free_all ();
+}
+
+/* A failed sync: what it covered is lost, on every connection, until
+ * rewritten.  Two connections' FLUSHes waiting for the same sync that
+ * fails both fail (Linux reports the error to one fdatasync only: the
+ * engine tells both).
+ */
+static void
+test_sync_failure (void)
+{
+  struct eng_conn *a, *b, *c;
+  struct req *fa, *fb, *f;
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  hold_syncs = true;
+  nr_syncs = 0;
+  a = conn ();
+  b = conn ();
+  submit (a, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  submit (b, mkreq (ENG_WRITE, 0, 65536, 4096, 0));
+  fa = submit (a, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  fb = submit (b, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (0);
+  ok (nr_syncs == 1 && !fa->res.answered && !fb->res.answered,
+      "both FLUSHes wait for one sync");
+  complete_sync (0, EIO);
+  ok (fa->res.answered && fa->res.err == EIO && fb->res.answered &&
+      fb->res.err == EIO, "the sync fails: both FLUSHes fail");
+  f = submit (a, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (f->res.answered && f->res.err == EIO && nr_syncs == 1,
+      "the next FLUSH fails too, with nothing left to sync");
+  c = conn ();
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (f->res.answered && f->res.err == EIO,
+      "so does a FLUSH on a connection opened afterwards");
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (0);
+  complete_sync (0, 0);
+  ok (f->res.answered && f->res.err == EIO,
+      "one range rewritten and synced, the other still lost");
+  submit (b, mkreq (ENG_WRITE, 0, 65536, 4096, 0));
+  f = submit (b, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (0);
+  complete_sync (0, 0);
+  ok (f->res.answered && f->res.err == 0,
+      "both rewritten and synced: the FLUSH succeeds");
+  /* A write that completes while a sync is in flight is lost too when
+   * that sync fails: Linux may have reported its page's error to this
+   * sync, and the next one would then succeed.
+   */
+  submit (a, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  fa = submit (a, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (0);
+  submit (b, mkreq (ENG_WRITE, 0, 1 << 20, 4096, 0));
+  fb = submit (b, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (0);
+  ok (nr_syncs_inflight == 1 && !fa->res.answered && !fb->res.answered,
+      "B's write completed while A's sync is in flight");
+  complete_sync (0, EIO);
+  ok (fa->res.answered && fa->res.err == EIO && !fb->res.answered &&
+      nr_syncs_inflight == 1, "A's FLUSH fails; B's waits for the next "
+      "sync");
+  submit (a, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  tick (10001 * MS);                    /* idle= unplugs it. */
+  complete_all (0);                     /* A's range healed. */
+  complete_sync (0, 0);
+  ok (fb->res.answered && fb->res.err == EIO,
+      "which succeeds, but B's write is recorded lost: B's FLUSH fails");
+  hold_syncs = false;
+  close_conn (a, 0);
+  close_conn (b, 0);
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
+/* A FUA write is answered once written and synced; hold mode's FLUSH
+ * and the exit wait for a sync too.
+ */
+static void
+test_sync_fua_hold_exit (void)
+{
+  struct eng_conn *c;
+  struct req *w, *f, *x;
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  hold_syncs = true;
+  nr_syncs = 0;
+  c = conn ();
+  w = submit (c, mkreq (ENG_WRITE, 0, 0, 4096, ENG_F_FUA));
+  complete_all (0);
+  ok (!w->res.answered && nr_syncs_inflight == 1,
+      "a FUA write, written, waits for its sync");
+  complete_sync (0, 0);
+  ok (w->res.answered && w->res.err == 0, "then it is answered");
+  w = submit (c, mkreq (ENG_WRITE, 0, 0, 4096, ENG_F_FUA));
+  complete_all (0);
+  complete_sync (0, EIO);
+  ok (w->res.answered && w->res.err == EIO,
+      "a FUA write whose sync failed fails");
+  close_conn (c, 0);
+  engine_free (e);
+
+  e = make (ENG_HOLD, 64, 4 << 20, 1);
+  c = conn ();
+  w = submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  tick (10001 * MS);
+  complete_all (0);
+  ok (w->res.answered && w->res.err == 0, "hold mode: a write answered "
+      "once written");
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (!f->res.answered && nr_syncs_inflight == 1,
+      "hold mode's FLUSH waits for a sync of what was answered");
+  complete_sync (0, 0);
+  ok (f->res.answered && f->res.err == 0, "then it is answered");
+  w = submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  tick (10001 * MS);
+  complete_all (0);
+  x = submit (NULL, mkreq (ENG_SHUTDOWN, 0, 0, 0, 0));
+  ok (!x->res.answered && nr_syncs_inflight == 1,
+      "the exit waits for a sync of what was written");
+  complete_sync (0, 0);
+  ok (x->res.answered && x->res.err == 0, "then it is answered");
+  hold_syncs = false;
+  engine_conn_free (e, c);
+  engine_free (e);
+  free_all ();
+}
+
 int
 main (void)
 {
@@ -1442,6 +1687,10 @@ main (void)
   test_queue_order_chain ();
   test_direct_near_recent ();
   test_deadlines_announced ();
+  test_record_exact ();
+  test_sync_group_commit ();
+  test_sync_failure ();
+  test_sync_fua_hold_exit ();
   ok (order_violations == 0, "no test saw a run issued over an "
       "overlapping run in flight (%u)", order_violations);
   ok (deadline_misses == 0, "no deadline came nearer unannounced: a timer "
