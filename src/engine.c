@@ -74,6 +74,10 @@ DEFINE_VECTOR_TYPE (span_vector, struct span)
  * that wait meanwhile into the next).
  */
 enum sync_state {
+  SYNC_NEVER,                   /* Not synced since the engine was made:
+                                 * the first round syncs it, written or
+                                 * not (it may hold what another process
+                                 * wrote before us). */
   SYNC_IDLE,
   SYNC_INFLIGHT,                /* Its eng_sync was given to the caller. */
 };
@@ -715,6 +719,12 @@ record_check_op (const struct engine *e, const struct eng_op *op)
 
 /* ---- SYNCS BELONG TO THE ENGINE: rounds of syncs ---- */
 
+static bool
+needs_sync (const struct eng_file *f)
+{
+  return f->written.len > 0 || f->sync_state == SYNC_NEVER;
+}
+
 /* Which round of syncs must a waiter whose writes all finished wait
  * for?  A file written since its last sync began needs a new one: the
  * next round (one round is in flight at a time, so the waiters that
@@ -728,7 +738,7 @@ round_needed (const struct engine *e)
   uint32_t b;
 
   for (b = 0; b < e->cfg.nr_backings; ++b)
-    if (e->files[b].written.len > 0)
+    if (needs_sync (&e->files[b]))
       return e->sync_round + 1;
   return e->sync_pending > 0 ? e->sync_round : 0;
 }
@@ -775,9 +785,9 @@ start_round (struct engine *e, struct plug_stats *stats, uint64_t now,
     struct eng_file *f = &e->files[b];
     span_vector t;
 
-    if (f->written.len == 0)
+    if (!needs_sync (f))
       continue;
-    assert (f->sync_state == SYNC_IDLE && f->syncing.len == 0);
+    assert (f->sync_state != SYNC_INFLIGHT && f->syncing.len == 0);
     t = f->syncing;
     f->syncing = f->written;
     f->written = t;
