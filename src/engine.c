@@ -209,6 +209,7 @@ struct engine {
   uint64_t bytes;
   uint64_t lost;
   uint64_t order_checks;        /* See struct eng_counts. */
+  uint64_t widened;             /* See struct eng_counts. */
   size_t run_prefix;
   uint64_t mem_bound;           /* Copied bytes per connection. */
   uint64_t nr_lost_spans;       /* Entries in every file's record. */
@@ -578,28 +579,27 @@ span_hull (span_vector *v)
   v->len = 1;
 }
 
-/* Add sp to v.  exact: merge only with a neighbour of the same
- * sequence numbers and errno (the record, whose entries heal one by
- * one); otherwise with the last span if it touches (a written set:
- * sequential writes make one span).  Its storage was reserved when the
- * engine was made (SPAN_CAP): past that, v becomes its hull.  Returns
- * true if it did.
+/* Add sp to v, merged with the last span if that touches it and has
+ * the same sequence numbers and errno: each span heals as a whole, so
+ * spans of different mutations stay apart.  Its storage was reserved
+ * when the engine was made (SPAN_CAP): past that, v becomes its hull.
+ * Returns true if it did.
  */
 static bool
-span_add (span_vector *v, struct span sp, bool exact)
+span_add (span_vector *v, struct span sp)
 {
   struct span *last = v->len ? &v->ptr[v->len - 1] : NULL;
 
   if (last && spans_touch (last, sp.start, sp.end) &&
-      (!exact || (last->seq_lo == sp.seq_lo && last->seq_hi == sp.seq_hi &&
-                  last->err == sp.err))) {
+      last->seq_lo == sp.seq_lo && last->seq_hi == sp.seq_hi &&
+      last->err == sp.err) {
     last->start = MIN (last->start, sp.start);
     last->end = MAX (last->end, sp.end);
     last->seq_lo = MIN (last->seq_lo, sp.seq_lo);
     last->seq_hi = MAX (last->seq_hi, sp.seq_hi);
     return false;
   }
-  assert (v->cap >= SPAN_CAP);
+  assert (v->len < SPAN_CAP && v->cap >= SPAN_CAP);
   v->ptr[v->len++] = sp;
   if (v->len < SPAN_CAP)
     return false;
@@ -609,11 +609,14 @@ span_add (span_vector *v, struct span sp, bool exact)
 
 /* Take [start, end) out of every span of v older than seq (seq_hi <
  * seq): a newer mutation there succeeded.  A span cut in two needs one
- * more entry; at SPAN_CAP it stays whole (over-reports, never under).
+ * more entry; at SPAN_CAP it stays whole (over-reports, never under):
+ * returns true then.
  */
-static void
+static bool
 span_cut (span_vector *v, uint64_t start, uint64_t end, uint64_t seq)
 {
+  bool whole = false;
+
   size_t i = 0;
 
   while (i < v->len) {
@@ -624,13 +627,15 @@ span_cut (span_vector *v, uint64_t start, uint64_t end, uint64_t seq)
     else if (start <= sp->start && sp->end <= end)
       *sp = v->ptr[--v->len];   /* Healed whole; look at the moved one. */
     else if (sp->start < start && end < sp->end) {
-      if (v->len < SPAN_CAP) {
+      if (v->len + 1 < SPAN_CAP) {      /* span_add's room stays. */
         struct span right = *sp;
 
         right.start = end;
         sp->end = start;
         v->ptr[v->len++] = right;
       }
+      else
+        whole = true;
       i++;
     }
     else {
@@ -641,6 +646,7 @@ span_cut (span_vector *v, uint64_t start, uint64_t end, uint64_t seq)
       i++;
     }
   }
+  return whole;
 }
 
 /* An acknowledged mutation's piece p failed for good with err. */
@@ -651,11 +657,13 @@ record_lost (struct engine *e, uint32_t b, struct span sp, uint64_t now)
   size_t before = f->lost.len;
   char buf[32];
 
-  if (span_add (&f->lost, sp, true))
+  if (span_add (&f->lost, sp)) {
+    e->widened++;
     eng_log (e, 0, "file=%s: more than %d ranges of lost data: recorded "
              "as one, [%" PRIu64 ", %" PRIu64 "): FLUSHes fail until it "
              "is all written again", file_name (e, b, buf, sizeof buf),
              SPAN_CAP, f->lost.ptr[0].start, f->lost.ptr[0].end);
+  }
   e->nr_lost_spans += f->lost.len - before;
   (void) now;
 }
@@ -672,7 +680,8 @@ record_heal (struct engine *e, uint32_t b, uint64_t start, uint64_t end,
 
   if (before == 0)
     return;
-  span_cut (&f->lost, start, end, seq);
+  if (span_cut (&f->lost, start, end, seq))
+    e->widened++;
   e->nr_lost_spans -= before - f->lost.len;
 }
 
@@ -933,27 +942,27 @@ op_finish (struct engine *e, struct eng_op *op, uint64_t now,
 }
 
 /* Run r was written: its file needs a sync before a FLUSH may count on
- * it, and what it overwrote is no longer lost (each member heals with
- * its own sequence number: a loss newer than a member stays).
+ * it, and what it overwrote is no longer lost.  Each member counts with
+ * its own sequence number: a loss newer than a member stays, and a sync
+ * that fails records each member as the mutation it was.
  */
 static void
 note_written (struct engine *e, const struct eng_run *r)
 {
   struct eng_file *f = &e->files[r->run->backing];
-  struct span sp = {
-    .start = r->run->offset, .end = r->run->offset + r->run->count,
-    .seq_lo = UINT64_MAX, .seq_hi = 0,
-  };
   size_t i;
 
   for (i = 0; i < r->run->n; ++i) {
     const struct plug_req *p = r->run->reqs[i];
+    struct span sp = {
+      .start = p->offset, .end = p->offset + p->count,
+      .seq_lo = p->seq, .seq_hi = p->seq,
+    };
 
-    sp.seq_lo = MIN (sp.seq_lo, p->seq);
-    sp.seq_hi = MAX (sp.seq_hi, p->seq);
-    record_heal (e, p->backing, p->offset, p->offset + p->count, p->seq);
+    record_heal (e, p->backing, sp.start, sp.end, p->seq);
+    if (span_add (&f->written, sp))
+      e->widened++;
   }
-  (void) span_add (&f->written, sp, false);
 }
 
 /* Run r is done with err (0: written).  Its members finish. */
@@ -2407,5 +2416,6 @@ engine_counts (const struct engine *e, struct eng_counts *n)
   n->bytes = e->bytes;
   n->lost = e->lost;
   n->order_checks = e->order_checks;
+  n->widened = e->widened;
 }
 

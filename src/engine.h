@@ -428,6 +428,10 @@ struct eng_counts {
                                  * engine_new): index nodes looked at,
                                  * ranges compared.  Its cost, which a
                                  * test can bound. */
+  uint64_t widened;             /* Times THE RECORD or a file's set of
+                                 * ranges written since a sync reached
+                                 * its cap and kept a wider range (it
+                                 * may over-report from then on). */
 };
 extern void engine_counts (const struct engine *e, struct eng_counts *n)
   __attribute__ ((__nonnull__ (1, 2)));

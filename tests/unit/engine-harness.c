@@ -29,6 +29,7 @@ bool hold_syncs;
 struct eng_sync *syncs_inflight[MAX_SYNCS];
 size_t nr_syncs_inflight;
 unsigned long nr_syncs;
+void (*sync_issued) (uint32_t backing);
 
 unsigned order_violations;
 unsigned deadline_misses;
@@ -89,6 +90,8 @@ perform (struct eng_actions *a)
   for (s = a->sync; s != NULL; s = snext) {
     snext = s->next;
     nr_syncs++;
+    if (sync_issued)
+      sync_issued (s->backing);
     if (hold_syncs && nr_syncs_inflight < MAX_SYNCS)
       syncs_inflight[nr_syncs_inflight++] = s;
     else {

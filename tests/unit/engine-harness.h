@@ -54,6 +54,7 @@ extern bool hold_syncs;
 extern struct eng_sync *syncs_inflight[MAX_SYNCS];
 extern size_t nr_syncs_inflight;
 extern unsigned long nr_syncs;          /* Issued so far. */
+extern void (*sync_issued) (uint32_t backing);  /* Told of each, or NULL. */
 
 /* Complete in-flight sync i (the last one takes its place) with err. */
 extern void complete_sync (size_t i, int err);

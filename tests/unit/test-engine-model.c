@@ -18,6 +18,13 @@
  *    came (acknowledged, in writeback mode) has finished;
  *  - NEVER DROPPED: every admitted piece is written, or its op carries
  *    an error;
+ *  - THE RECORD: every FLUSH fails iff its horizon reaches a loss the
+ *    model knows of and no newer write over it succeeded since: an
+ *    acknowledged piece whose run failed for good, or a piece written
+ *    since the last successful sync of its file when a sync fails
+ *    (syncs fail too, at the seed's rate); a FUA mutation fails iff its
+ *    run failed or such a loss lies in its range.  Past the engine's
+ *    cap (eng_counts.widened) it may over-report, never under;
  *  - in the end, once every run completed: each sector holds the newest
  *    mutation whose piece was written, every FLUSH and CLOSE was
  *    answered, and nothing is held, queued or in flight.
@@ -56,13 +63,27 @@ struct mop {
   struct result res;
   bool written[MAX_PIECES];     /* The piece's run completed with 0. */
   unsigned long submitted_after; /* nr_answers when it was submitted. */
-  bool flush_checked;           /* FLUSH: its answer was checked. */
+  bool flush_checked;           /* FLUSH, FUA: its answer was checked. */
 };
 
 /* The state of one seed. */
 static struct mop *ops[MAX_OPS];
 static size_t nr_ops;
 static uint64_t disk[MAX_FILES][NR_SECTORS];    /* Seq last written. */
+
+/* THE RECORD as the model sees it, per sector: the oldest loss there
+ * that no write since healed (0: none).  A write that succeeds over a
+ * sector heals every loss there: by QUEUE ORDER it is newer than every
+ * mutation of that sector that finished before it.
+ */
+static uint64_t lost_min[MAX_FILES][NR_SECTORS];
+/* Per sector, the oldest piece written since its file's sync in flight
+ * began (wr_cur) and before it (wr_prev, what that sync covers, since
+ * the last one began): what a failing sync loses.  0: none.
+ */
+static uint64_t wr_cur[MAX_FILES][NR_SECTORS], wr_prev[MAX_FILES][NR_SECTORS];
+static bool exact;              /* The engine never widened its spans. */
+static bool mode_writeback;
 static unsigned nr_files;
 static uint64_t rng;
 static bool verbose;
@@ -163,9 +184,109 @@ is_mutation (const struct mop *q)
     q->op.kind == ENG_TRIM;
 }
 
+static void
+note_lost (uint32_t b, uint64_t sector, uint64_t seq)
+{
+  if (lost_min[b][sector] == 0 || seq < lost_min[b][sector])
+    lost_min[b][sector] = seq;
+}
+
+/* The model's answer for a FLUSH with this horizon, or a FUA mutation
+ * q (then horizon is its seq and only its pieces count): lost or not.
+ */
+static bool
+model_lost (const struct mop *q, uint64_t horizon)
+{
+  size_t b, k;
+  uint64_t sct;
+
+  if (q == NULL) {
+    for (b = 0; b < nr_files; ++b)
+      for (sct = 0; sct < NR_SECTORS; ++sct)
+        if (lost_min[b][sct] != 0 && lost_min[b][sct] <= horizon)
+          return true;
+    return false;
+  }
+  for (k = 0; k < q->op.nr_pieces; ++k) {
+    const struct plug_req *p = &q->piece[k];
+
+    for (sct = p->offset / SECTOR; sct < (p->offset + p->count) / SECTOR;
+         ++sct)
+      if (lost_min[p->backing][sct] != 0 &&
+          lost_min[p->backing][sct] <= horizon)
+        return true;
+  }
+  return false;
+}
+
+/* SYNCS BELONG TO THE ENGINE: when a FLUSH (writeback: it covers every
+ * mutation up to its horizon) or a FUA mutation is answered, no piece
+ * it covers may wait for a sync still: written since the file's last
+ * sync began, or covered only by the one in flight.
+ */
+static void
+check_synced (const struct mop *q)
+{
+  size_t b, k;
+  uint64_t sct, upto = q->op.kind == ENG_FLUSH ? q->op.horizon : q->op.seq;
+
+  for (b = 0; b < nr_files; ++b)
+    for (sct = 0; sct < NR_SECTORS; ++sct) {
+      uint64_t w = wr_cur[b][sct] ? wr_cur[b][sct] : wr_prev[b][sct];
+
+      if (wr_prev[b][sct] && wr_prev[b][sct] < w)
+        w = wr_prev[b][sct];
+      if (w == 0 || w > upto)
+        continue;
+      for (k = 0; k < q->op.nr_pieces; ++k)
+        if (q->piece[k].backing == b &&
+            q->piece[k].offset / SECTOR <= sct &&
+            sct < (q->piece[k].offset + q->piece[k].count) / SECTOR)
+          break;
+      if (q->op.kind == ENG_FLUSH || k < q->op.nr_pieces) {
+        fail ("a %s was answered before a sync covered mutation %" PRIu64
+              " (file %zu sector %" PRIu64 ")",
+              q->op.kind == ENG_FLUSH ? "FLUSH" : "FUA mutation", w, b, sct);
+        return;
+      }
+    }
+}
+
+/* THE RECORD: the answer of a FLUSH (or FUA mutation) just answered. */
+static void
+check_answer (const struct mop *q)
+{
+  struct eng_counts n;
+  bool want, got = q->res.err != 0;
+
+  /* (A FUA mutation whose run failed is answered at once.) */
+  if (q->op.kind == ENG_FLUSH ? mode_writeback : q->res.err == 0)
+    check_synced (q);
+
+  if (q->op.kind == ENG_FLUSH)
+    want = model_lost (NULL, q->op.horizon);
+  else
+    want = q->op.err != 0 || model_lost (q, q->op.seq);
+  engine_counts (e, &n);
+  if (n.widened > 0)
+    exact = false;
+  if (want && !got)
+    fail ("a %s (%s %" PRIu64 ") succeeded over a recorded loss",
+          q->op.kind == ENG_FLUSH ? "FLUSH" : "FUA mutation",
+          q->op.kind == ENG_FLUSH ? "horizon" : "seq",
+          q->op.kind == ENG_FLUSH ? q->op.horizon : q->op.seq);
+  else if (!want && got && exact)
+    fail ("a %s (%s %" PRIu64 ") failed with %s, with no loss to report",
+          q->op.kind == ENG_FLUSH ? "FLUSH" : "FUA mutation",
+          q->op.kind == ENG_FLUSH ? "horizon" : "seq",
+          q->op.kind == ENG_FLUSH ? q->op.horizon : q->op.seq,
+          strerror (q->res.err));
+}
+
 /* NBD: a FLUSH covers every write answered before it came; with
  * writeback, every mutation up to its horizon.  Every FLUSH answered
- * since the last look must find them finished.
+ * since the last look must find them finished, and answer what the
+ * record says.
  */
 static void
 check_flushes (void)
@@ -175,9 +296,24 @@ check_flushes (void)
   for (i = 0; i < nr_ops; ++i) {
     struct mop *f = ops[i];
 
-    if (f->op.kind != ENG_FLUSH || !f->res.answered || f->flush_checked)
+    if (!f->res.answered || f->flush_checked)
+      continue;
+    if (f->op.kind == ENG_WRITE || f->op.kind == ENG_ZERO ||
+        f->op.kind == ENG_TRIM) {
+      /* A FUA mutation answered after its sync; a fast zero's ENOTSUP
+       * is its own answer.
+       */
+      if ((f->op.flags & ENG_F_FUA) && !(f->op.flags & ENG_F_FAST) &&
+          f->op.seq != 0 && !f->op.told_ok) {
+        f->flush_checked = true;
+        check_answer (f);
+      }
+      continue;
+    }
+    if (f->op.kind != ENG_FLUSH)
       continue;
     f->flush_checked = true;
+    check_answer (f);
     for (j = 0; j < nr_ops; ++j) {
       const struct mop *q = ops[j];
 
@@ -236,11 +372,63 @@ complete_run (size_t i, int err)
                 " written over the newer %" PRIu64,
                 p->backing, s, q->op.seq, disk[p->backing][s]);
         disk[p->backing][s] = q->op.seq;
+        lost_min[p->backing][s] = 0;
+        if (wr_cur[p->backing][s] == 0 || q->op.seq < wr_cur[p->backing][s])
+          wr_cur[p->backing][s] = q->op.seq;
       }
       q->written[p - q->piece] = true;
     }
   }
+  else if (err == EIO && r->n == 1 && !(r->flags & PLUG_F_FAST)) {
+    /* Fails for good (a merged run is split and retried instead): an
+     * acknowledged piece is lost.
+     */
+    struct plug_req *p = r->reqs[0];
+    struct mop *q = (struct mop *) ((struct eng_op *) p->opaque);
+
+    if (q->op.told_ok)
+      for (s = p->offset / SECTOR; s < (p->offset + p->count) / SECTOR; ++s)
+        note_lost (p->backing, s, q->op.seq);
+  }
   complete (i, err);
+  check_flushes ();
+}
+
+/* The engine issued a sync of file b: what was written so far is what
+ * it covers.
+ */
+static void
+model_sync_issued (uint32_t b)
+{
+  uint64_t sct;
+
+  for (sct = 0; sct < NR_SECTORS; ++sct) {
+    if (wr_prev[b][sct] != 0)
+      fail ("file %" PRIu32 ": a sync issued while one is in flight", b);
+    wr_prev[b][sct] = wr_cur[b][sct];
+    wr_cur[b][sct] = 0;
+  }
+}
+
+/* Complete in-flight sync i with err: a failure loses what it covered
+ * and what was written since.
+ */
+static void
+complete_model_sync (size_t i, int err)
+{
+  uint32_t b = syncs_inflight[i]->backing;
+  uint64_t sct;
+
+  if (verbose)
+    printf ("# sync file %" PRIu32 " with %d\n", b, err);
+  for (sct = 0; sct < NR_SECTORS; ++sct) {
+    if (err && wr_prev[b][sct])
+      note_lost (b, sct, wr_prev[b][sct]);
+    if (err && wr_cur[b][sct])
+      note_lost (b, sct, wr_cur[b][sct]);
+    wr_prev[b][sct] = 0;
+  }
+  complete_sync (i, err);
   check_flushes ();
 }
 
@@ -274,6 +462,8 @@ drain_until_answered (const struct mop *q)
   for (guard = 0; guard < 100000 && !q->res.answered; ++guard) {
     if (nr_inflight > 0)
       complete_run (rnd (nr_inflight), 0);
+    else if (nr_syncs_inflight > 0)
+      complete_model_sync (rnd (nr_syncs_inflight), 0);
     else
       advance (200 * MS);
   }
@@ -328,6 +518,7 @@ struct model_config {
   struct eng_config cfg;
   unsigned nr_conns;
   unsigned pct_eio, pct_eagain;         /* Of completions. */
+  unsigned pct_sync_eio;                /* Of syncs. */
 };
 
 static void
@@ -340,6 +531,7 @@ pick_config (struct model_config *m)
   m->nr_conns = 1 + rnd (MAX_CONNS);
   m->pct_eio = rnd (3) == 0 ? 0 : 1 + rnd (8);
   m->pct_eagain = rnd (2) ? 0 : 1 + rnd (15);
+  m->pct_sync_eio = rnd (3) == 0 ? 0 : 1 + rnd (20);
   cfg->mode = rnd (4) == 0 ? ENG_HOLD : ENG_WRITEBACK;
   cfg->nr_backings = nr_files;
   cfg->idle_ns = rnd (3) == 0 ? 0 : (1 + rnd (20)) * MS;
@@ -400,6 +592,11 @@ random_step (const struct model_config *m, struct eng_conn **conns,
     return;
   }
  complete:
+  if (what < 90 && nr_syncs_inflight > 0 && rnd (4) == 0) {
+    complete_model_sync (rnd (nr_syncs_inflight),
+                         rnd (100) < m->pct_sync_eio ? EIO : 0);
+    return;
+  }
   if (what < 90) {
     unsigned burst = 1 + rnd (4);
 
@@ -435,9 +632,17 @@ run_seed (unsigned seed, unsigned steps)
   failures = 0;
   first_failure[0] = '\0';
   memset (disk, 0, sizeof disk);
+  memset (lost_min, 0, sizeof lost_min);
+  memset (wr_cur, 0, sizeof wr_cur);
+  memset (wr_prev, 0, sizeof wr_prev);
+  exact = true;
+  hold_syncs = true;
+  sync_issued = model_sync_issued;
   memset (owner, 0, sizeof owner);
   pick_config (&m);
+  mode_writeback = m.cfg.mode == ENG_WRITEBACK;
   nr_inflight = 0;
+  nr_syncs_inflight = 0;
   order_violations = 0;
   deadline_misses = 0;
   e = engine_new (&m.cfg);
@@ -470,6 +675,8 @@ run_seed (unsigned seed, unsigned steps)
       break;
     if (nr_inflight > 0)
       complete_run (rnd (nr_inflight), 0);
+    else if (nr_syncs_inflight > 0)
+      complete_model_sync (rnd (nr_syncs_inflight), 0);
     else
       advance (200 * MS);
   }
@@ -497,12 +704,13 @@ run_seed (unsigned seed, unsigned steps)
 
   ok (failures == 0, "seed %u: %s, %u files, %u conns, direct %d, "
       "max-requests %u, max-inflight %u, max-merge %" PRIu64 ", "
-      "max-iov %u, %u%% EIO, %u%% EAGAIN, %zu ops%s%s",
+      "max-iov %u, %u%% EIO, %u%% EAGAIN, %u%% sync EIO, %zu ops%s%s%s",
       seed, m.cfg.mode == ENG_HOLD ? "hold" : "writeback",
       nr_files, m.nr_conns, m.cfg.direct,
       (unsigned) m.cfg.lim.max_requests, m.cfg.max_inflight,
       m.cfg.lim.max_merge, (unsigned) m.cfg.lim.max_iov, m.pct_eio,
-      m.pct_eagain, nr_ops, failures ? ": " : "", first_failure);
+      m.pct_eagain, m.pct_sync_eio, nr_ops, exact ? "" : ", widened",
+      failures ? ": " : "", first_failure);
   while (nr_ops > 0)
     free (ops[--nr_ops]);
   return failures == 0;

@@ -1651,6 +1651,41 @@ test_sync_fua_hold_exit (void)
   free_all ();
 }
 
+/* THE RECORD is bounded: past SPAN_CAP ranges a file's record keeps
+ * their hull (and says so): FLUSHes go on failing, never succeed over a
+ * loss, until the hull is written again.
+ */
+static void
+test_record_cap (void)
+{
+  struct eng_conn *c;
+  struct eng_counts n;
+  struct req *f;
+  unsigned i;
+
+  e = make (ENG_WRITEBACK, 64, 16 << 20, 1);
+  c = conn ();
+  for (i = 0; i < 300; ++i)
+    submit (c, mkreq (ENG_WRITE, 0, (uint64_t) i * 8192, 4096, 0));
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  while (nr_inflight > 0)
+    complete_all (EIO);
+  engine_counts (e, &n);
+  ok (f->res.answered && f->res.err == EIO && n.lost == 300 &&
+      n.widened >= 1, "300 gapped losses: the record widened (%" PRIu64
+      "), the FLUSH fails", n.widened);
+  f = rewrite_and_flush (c, 0, 8192, 4096);
+  ok (f->res.err == EIO, "a rewrite inside the hull heals part of it only");
+  submit (c, mkreq (ENG_ZERO, 0, 0, 300 * 8192, 0));
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (0);
+  ok (f->res.answered && f->res.err == 0,
+      "the whole hull written again: the FLUSH succeeds");
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
 int
 main (void)
 {
@@ -1691,6 +1726,7 @@ main (void)
   test_sync_group_commit ();
   test_sync_failure ();
   test_sync_fua_hold_exit ();
+  test_record_cap ();
   ok (order_violations == 0, "no test saw a run issued over an "
       "overlapping run in flight (%u)", order_violations);
   ok (deadline_misses == 0, "no deadline came nearer unannounced: a timer "
