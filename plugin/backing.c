@@ -55,7 +55,6 @@ remote_backing_open (struct backing *b, const char *uri)
   b->size = i->size;
   b->readonly = i->readonly;
   b->min_block = i->min_block;
-  b->fua_native = i->can_fua;
   return 0;
 }
 

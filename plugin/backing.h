@@ -30,9 +30,6 @@ struct backing {
                                  * local file. */
   uint32_t min_block;           /* Requests must be multiples of this
                                  * (a remote's minimum block size; 1). */
-  bool fua_native;              /* A remote with FUA: a FUA write is sent
-                                 * with NBD's FUA flag, not followed by a
-                                 * FLUSH. */
   int fd;
   uint64_t size;
   bool is_block;                /* Block device (BLKZEROOUT etc.). */
