@@ -234,6 +234,7 @@ plugin_unload (void)
 
   /* No worker-thread destructor may run from an unloaded plugin. */
   conn_delete_worker_key ();
+  conns_fini ();
   request_fini ();
   /* A connection nbdkit never closed may still hold the engine and
    * read the files (see plugin_cleanup): the process is exiting, leave
@@ -592,7 +593,8 @@ plugin_get_ready (void)
     unlink (tmp);
   }
 
-  if (conn_init_worker_key () == -1 || request_init () == -1)
+  if (conn_init_worker_key () == -1 || request_init () == -1 ||
+      conns_init () == -1)
     return -1;
 
   backings = calloc (files.len, sizeof *backings);
