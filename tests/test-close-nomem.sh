@@ -29,7 +29,9 @@
 # (plugin/conn.c), as it was, case 1 fails (nbdkit aborts in
 # engine_conn_free, 0 of 4 blocks in the file); with the exit's
 # allocated in conns_shutdown, case 2 fails (the shim counts the
-# failure: "could not write out held data").
+# failure, the log says "server exit: could not write out held data";
+# when nbdkit's .cleanup overtakes the connection's .close, 0 of 4
+# blocks are in the file too, and nbdkit still exits with status 0).
 source ./functions.sh
 set -e
 set -x
@@ -168,6 +170,8 @@ stop_server exit
 wait $cpid || { cat "$tmp/exit.out"; fail "exit: the client failed"; }
 cat "$tmp/exit.out"
 check_file "$tmp/exit.img" || fail "exit: the file"
-test "$(shim_count exit)" = 0 ||
+if [ "$(shim_count exit)" != 0 ]; then
+  grep 'error:' "$(server_log exit)" || :
   fail "exit: the shim failed $(shim_count exit) allocations of a" \
        "request's size at exit, expected none"
+fi
