@@ -182,6 +182,16 @@ write_iov (int fd, struct iovec *iov, int iovcnt, uint64_t offset)
         continue;
       return -1;
     }
+    /* Nothing written although something was asked: no regular file
+     * does that, but a driver at the end of its device may, and a
+     * retry would get the same 0 forever.  ENOSPC: no room for the
+     * data there (NBD_ENOSPC for the client), and not transient, so
+     * the engine does not retry it either.
+     */
+    if (r == 0) {
+      errno = ENOSPC;
+      return -1;
+    }
     offset += r;
     while (iovcnt > 0 && (size_t) r >= iov->iov_len) {
       r -= iov->iov_len;

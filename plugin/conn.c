@@ -11,6 +11,7 @@
 
 #include <config.h>
 
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -329,12 +330,20 @@ conn_open (void)
   }
   c->id = __atomic_add_fetch (&next_conn_id, 1, __ATOMIC_RELAXED);
   c->stats.connections = 1;
+  c->close_req = request_new (ENG_CLOSE, 0, 0, 0, 0);
+  if (c->close_req == NULL) {
+    nbdkit_error ("connection %" PRIu64 ": no memory for its close "
+                  "request: %m", c->id);
+    free (c);
+    return NULL;
+  }
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
     c->ec = engine_conn_open (eng, &c->stats);
   }
   if (c->ec == NULL) {
     nbdkit_error ("connection: %m");
+    request_free (&c->close_req->op);
     free (c);
     return NULL;
   }
@@ -355,10 +364,12 @@ conn_close (struct conn *c)
     pthread_setspecific (worker_key, NULL);
 
   /* blk_finish_plug: write out what we acknowledged.  NBD has no way to
-   * report an error at close: the engine logs each loss.
+   * report an error at close: the engine logs each loss.  The request
+   * was allocated at open: engine_conn_free needs the close answered.
    */
-  r = request_new (ENG_CLOSE, 0, 0, 0, 0);
-  if (r == NULL || submit_wait (c, r) == -1)
+  r = c->close_req;
+  c->close_req = NULL;
+  if (submit_wait (c, r) == -1)
     nbdkit_error ("connection %" PRIu64 ": close: %m", c->id);
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
@@ -376,14 +387,38 @@ conn_close (struct conn *c)
   free (c);
 }
 
+/* The exit's request, allocated at start (conns_init). */
+static struct request *exit_req;
+
+int
+conns_init (void)
+{
+  exit_req = request_new (ENG_SHUTDOWN, 0, 0, 0, 0);
+  if (exit_req == NULL) {
+    nbdkit_error ("no memory for the exit's request: %m");
+    return -1;
+  }
+  return 0;
+}
+
+void
+conns_fini (void)
+{
+  if (exit_req)
+    request_free (&exit_req->op);
+  exit_req = NULL;
+}
+
 void
 conns_shutdown (struct plug_stats *live)
 {
-  struct request *r;
+  struct request *r = exit_req;
   struct conn *c;
 
-  r = request_new (ENG_SHUTDOWN, 0, 0, 0, 0);
-  if (r == NULL || submit_wait (NULL, r) == -1)
+  /* .cleanup runs once, after a .get_ready that worked (eng set). */
+  assert (r != NULL);
+  exit_req = NULL;
+  if (submit_wait (NULL, r) == -1)
     nbdkit_error ("server exit: could not write out held data: %m");
 
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&conns_lock);

@@ -41,6 +41,13 @@ struct conn {
   /* Read-only after conn_open. */
   uint64_t id;                  /* For log messages. */
 
+  /* The ENG_CLOSE request, allocated at open: ending a connection
+   * allocates nothing, so no shortage of memory can keep its
+   * acknowledged data from being written.  Owned until conn_close
+   * submits it.
+   */
+  struct request *close_req;
+
   /* Protected by eng_lock. */
   struct eng_conn *ec;          /* Owned by the engine; freed at close. */
   pthread_t *workers;           /* Owned: threads seen serving us. */
@@ -62,9 +69,16 @@ extern void conn_close (struct conn *c);
 /* At server exit (.cleanup): write out every plug of every connection,
  * retrying up to retry-timeout, sync the files, and add the statistics
  * of the connections still open to *live (nbdkit 1.32 may skip their
- * .close).
+ * .close).  Allocates nothing: its request comes from conns_init.
  */
 extern void conns_shutdown (struct plug_stats *live);
+
+/* Allocate the exit's request (.get_ready), so that the exit cannot
+ * fail for memory; free it if no exit used it (.unload).  conns_init
+ * returns 0, or -1 after nbdkit_error.
+ */
+extern int conns_init (void);
+extern void conns_fini (void);
 
 /* How many connections have not finished .close.  Any thread. */
 extern size_t conns_open (void);

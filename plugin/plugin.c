@@ -234,6 +234,7 @@ plugin_unload (void)
 
   /* No worker-thread destructor may run from an unloaded plugin. */
   conn_delete_worker_key ();
+  conns_fini ();
   request_fini ();
   /* A connection nbdkit never closed may still hold the engine and
    * read the files (see plugin_cleanup): the process is exiting, leave
@@ -302,6 +303,27 @@ parse_count_param (const char *key, const char *value, unsigned *r,
 }
 
 static bool max_requests_set;
+
+/* retry-delay= and retry-timeout= as given (or the defaults, as
+ * --dump-plugin says them), for config_complete's message: the two
+ * keys come in any order.
+ */
+static char retry_delay_text[64] = "3ms", retry_timeout_text[64] = "10s";
+
+/* A retry-timeout below retry-delay gives up on a "not now" before its
+ * first retry, which would make "not now" an error after all.
+ */
+static int
+check_retry_timeout (void)
+{
+  if (cfg.retry.timeout_ns >= cfg.retry.delay_ns)
+    return 0;
+  nbdkit_error ("retry-timeout=%s: must be at least retry-delay=%s "
+                "(a backing file that says \"not now\" would be given up "
+                "on before its first retry)",
+                retry_timeout_text, retry_delay_text);
+  return -1;
+}
 
 static int
 plugin_config (const char *key, const char *value)
@@ -396,11 +418,15 @@ plugin_config (const char *key, const char *value)
                     "(a zero delay would spin)", value);
       return -1;
     }
+    snprintf (retry_delay_text, sizeof retry_delay_text, "%s", value);
   }
   else if (strcmp (key, "retry-max-delay") == 0)
     return parse_duration_param (key, value, &cfg.retry.max_delay_ns);
-  else if (strcmp (key, "retry-timeout") == 0)
-    return parse_duration_param (key, value, &cfg.retry.timeout_ns);
+  else if (strcmp (key, "retry-timeout") == 0) {
+    if (parse_duration_param (key, value, &cfg.retry.timeout_ns) == -1)
+      return -1;
+    snprintf (retry_timeout_text, sizeof retry_timeout_text, "%s", value);
+  }
   else if (strcmp (key, "shared") == 0) {
     int r = nbdkit_parse_bool (value);
 
@@ -443,6 +469,8 @@ plugin_config_complete (void)
   }
   if (!max_requests_set)
     cfg.lim.max_requests = DEFAULT_MAX_REQUESTS;
+  if (check_retry_timeout () == -1)
+    return -1;
   if (cfg.retry.max_delay_ns < cfg.retry.delay_ns)
     cfg.retry.max_delay_ns = cfg.retry.delay_ns;
   cfg.statsfile = statsfile;
@@ -592,7 +620,8 @@ plugin_get_ready (void)
     unlink (tmp);
   }
 
-  if (conn_init_worker_key () == -1 || request_init () == -1)
+  if (conn_init_worker_key () == -1 || request_init () == -1 ||
+      conns_init () == -1)
     return -1;
 
   backings = calloc (files.len, sizeof *backings);

@@ -27,7 +27,6 @@ static const char *const reason_names[PLUG_NR_REASONS] = {
   [PLUG_UNPLUG_READ] = "read",
   [PLUG_UNPLUG_OVERLAP] = "overlap",
   [PLUG_UNPLUG_CLOSE] = "close",
-  [PLUG_UNPLUG_FAST_ZERO] = "fast-zero",
   [PLUG_UNPLUG_MEMORY] = "memory",
   [PLUG_UNPLUG_PARKED] = "parked",
   [PLUG_UNPLUG_QUIET] = "quiet",

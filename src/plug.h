@@ -61,7 +61,6 @@ enum plug_reason {
   PLUG_UNPLUG_READ,             /* A read or extents overlapped held data. */
   PLUG_UNPLUG_OVERLAP,          /* A new request overlapped held data. */
   PLUG_UNPLUG_CLOSE,            /* Connection close or server shutdown. */
-  PLUG_UNPLUG_FAST_ZERO,        /* Fast zero must not wait in a plug. */
   PLUG_UNPLUG_MEMORY,           /* A writer waits for memory (max-bytes). */
   PLUG_UNPLUG_PARKED,           /* Every worker thread we know of waits in
                                  * the plug: nobody is left to bring the
@@ -70,7 +69,7 @@ enum plug_reason {
                                  * in flight: holding cannot merge more
                                  * than what arrives meanwhile. */
 };
-#define PLUG_NR_REASONS 13
+#define PLUG_NR_REASONS 12
 
 /* Name of a reason as used in statistics and debug messages. */
 extern const char *plug_reason_name (enum plug_reason r);

@@ -26,10 +26,18 @@
  * call so shortened (asked for more than N bytes) counts one in
  * SHIM_COUNT.  fallocate is not touched in this mode.
  *
+ * SHIM_ZERO=1 turns them into writes of nothing instead: a pwrite or
+ * pwritev call that would fail writes nothing and returns 0, which the
+ * kernel does for no regular file but which a device driver may; each
+ * such call counts one in SHIM_COUNT.  fallocate is not touched in this
+ * mode either.
+ *
  * Usage: LD_PRELOAD=.../shim-pwritev.so SHIM_PATH=disk.img
  *        SHIM_FAIL_LO=0 SHIM_FAIL_HI=1048576 SHIM_CONTROL=ctl nbdkit ...
  *        LD_PRELOAD=.../shim-pwritev.so SHIM_PATH=disk.img
  *        SHIM_SHORT=1000 nbdkit ...
+ *        LD_PRELOAD=.../shim-pwritev.so SHIM_PATH=disk.img
+ *        SHIM_ZERO=1 SHIM_FAIL_LO=0 SHIM_FAIL_HI=65536 nbdkit ...
  */
 
 #define _GNU_SOURCE
@@ -54,6 +62,7 @@ static uint64_t fail_lo, fail_hi = UINT64_MAX;
 static const char *control, *count_file;
 static int fail_errno = ENOSPC;
 static uint64_t short_max;              /* SHIM_SHORT; 0: fail instead. */
+static bool write_nothing;              /* SHIM_ZERO=1. */
 static pthread_mutex_t count_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long failures;
 
@@ -73,6 +82,8 @@ init (void)
     fail_errno = atoi (s);
   if ((s = getenv ("SHIM_SHORT")) != NULL)
     short_max = strtoull (s, NULL, 10);
+  if ((s = getenv ("SHIM_ZERO")) != NULL)
+    write_nothing = strcmp (s, "1") == 0;
   control = getenv ("SHIM_CONTROL");
   count_file = getenv ("SHIM_COUNT");
 }
@@ -156,14 +167,16 @@ in_failing_range (int fd, uint64_t offset, uint64_t count)
   return is_target (fd) && failing_now ();
 }
 
-/* Must this call fail?  Sets errno if so.  (Not in SHIM_SHORT mode,
- * where a write is cut short instead and fallocate is left alone.)
+/* Must this call fail?  Sets errno if so.  (Not in SHIM_SHORT or
+ * SHIM_ZERO mode, where a write is cut short instead and fallocate is
+ * left alone.)
  */
 static bool
 must_fail (int fd, uint64_t offset, uint64_t count)
 {
   pthread_once (&once, init);
-  if (short_max > 0 || !in_failing_range (fd, offset, count))
+  if (short_max > 0 || write_nothing ||
+      !in_failing_range (fd, offset, count))
     return false;
   count_failure ();
   errno = fail_errno;
@@ -171,12 +184,18 @@ must_fail (int fd, uint64_t offset, uint64_t count)
 }
 
 /* How many of the count bytes a write may write: count, fewer
- * (SHIM_SHORT), or -1 with errno set when it must fail.
+ * (SHIM_SHORT, SHIM_ZERO), or -1 with errno set when it must fail.
  */
 static int64_t
 write_gate (int fd, uint64_t offset, uint64_t count)
 {
   pthread_once (&once, init);
+  if (write_nothing) {
+    if (!in_failing_range (fd, offset, count))
+      return count;
+    count_failure ();
+    return 0;
+  }
   if (short_max == 0)
     return must_fail (fd, offset, count) ? -1 : (int64_t) count;
   if (count <= short_max || !in_failing_range (fd, offset, count))

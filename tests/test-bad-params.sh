@@ -91,6 +91,10 @@ all_before=$(nbdkit_tmpdirs)
 start_plug good "$good"
 nbdsh_sys -u "$(server_uri good)" -c 'assert h.get_size() == 1024 * 1024'
 stop_server good
+# A retry-timeout equal to retry-delay is allowed (the retry cases below
+# refuse only a smaller one).
+start_plug good-retry "$good" retry-delay=5ms retry-timeout=5ms
+stop_server good-retry
 
 # Files.
 bad "$tmp/nonexistent" "$tmp/nonexistent"
@@ -154,6 +158,13 @@ bad "idle=5 parsecs" "$good" idle="5 parsecs"
 bad "max-delay=0" "$good" max-delay=0
 bad "retry-delay=0" "$good" retry-delay=0
 bad "retry-timeout=-1" "$good" retry-timeout=-1
+# A timeout below the delay gives up before the first retry: refused,
+# naming both values, whichever of the two keys comes first.
+bad "retry-timeout=0: .*retry-delay=3ms" "$good" retry-timeout=0
+bad "retry-timeout=1ms: .*retry-delay=5ms" "$good" retry-timeout=1ms \
+    retry-delay=5ms
+bad "retry-timeout=4999us: .*retry-delay=5ms" "$good" retry-delay=5ms \
+    retry-timeout=4999us
 bad "max-requests=0" "$good" max-requests=0
 bad "max-requests" "$good" max-requests=many
 bad "max-inflight=0" "$good" max-inflight=0
