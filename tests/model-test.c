@@ -123,6 +123,12 @@ struct op {
   uint64_t dseed;               /* Data pattern of a write. */
   int err;                      /* errno of a failed operation */
   bool cross;                   /* A read of another connection's chunk. */
+  /* --bad-range: the event (a global count, atomic) when it was sent
+   * and when its answer arrived; 0: not yet.  Written by the owner's
+   * thread (sent_ev, then acked_ev with release after state and err),
+   * read by any connection's FLUSH check.
+   */
+  uint64_t sent_ev, acked_ev;
 };
 
 /* What became of a cross read. */
@@ -159,6 +165,10 @@ struct stats {
   uint64_t cross_checked;       /* Cross reads compared. */
   uint64_t cross_busy;          /* ... not checked: busy at issue. */
   uint64_t cross_changed;       /* ... not checked: changed during it. */
+  uint64_t flush_checked;       /* --bad-range: FLUSH answers checked, */
+  uint64_t flush_must_fail;     /* ... of which the record decided: */
+  uint64_t flush_must_succeed;
+  uint64_t flush_wrong;         /* ... that were not the record's truth. */
 };
 
 struct conn {
@@ -199,6 +209,12 @@ static uint64_t boundary_step;
 static const char *dump_file, *mask_file, *init_file;
 static bool verify_all, expect_errors, fua_all, self_test, verbose;
 static bool cross_reads, no_final_flush;
+/* --bad-range LO:HI: the server fails every backend write, zero and
+ * trim that touches [bad_lo, bad_hi) (an LD_PRELOAD shim set by the
+ * shell test); bad_hi 0: no such range.
+ */
+static uint64_t bad_lo, bad_hi;
+static uint64_t events = 1;     /* Atomic: the next event number. */
 static const char *flush_one_file;
 
 /* Server capabilities (of the first connection). */
@@ -486,6 +502,122 @@ forget_range (uint64_t offset, uint64_t count)
   memset (&known[offset], 0, count);
 }
 
+static uint64_t
+next_event (void)
+{
+  return __atomic_fetch_add (&events, 1, __ATOMIC_SEQ_CST);
+}
+
+static bool
+is_bad (const struct op *p)
+{
+  return bad_hi > 0 && is_mutation (p) &&
+    ranges_overlap (p->offset, p->count, bad_lo, bad_hi - bad_lo);
+}
+
+/* --bad-range, THE RECORD as a client can know it: a FLUSH answered at
+ * event done_ev, sent at fl->sent_ev, must fail if a mutation that
+ * touched the bad range was acknowledged (answered with success) before
+ * it was sent, and no mutation since wrote all of that range with
+ * success (per byte: the last covered one to succeed there was bad);
+ * it must succeed if no such byte exists and no mutation that touched
+ * the bad range was in flight around it.  A mutation answered after the
+ * FLUSH was sent, but sent before the FLUSH was answered, may or may not
+ * be covered: the bytes it touches are left unchecked.  Each byte has
+ * one owner, whose overlapping mutations are serial, so replaying each
+ * connection's history in order gives each byte's state.  Only bytes
+ * near the bad range can be lost: the zone, the hull of the bad
+ * mutations sent so far.
+ */
+static void
+check_flush_answer (struct conn *c, const struct op *fl, uint64_t done_ev)
+{
+  uint64_t zlo = UINT64_MAX, zhi = 0, i, b;
+  uint8_t *lost, *amb;
+  bool must_fail = false, any_lost = false, amb_bad = false;
+  unsigned k;
+
+  for (k = 0; k < nr_conns; ++k) {
+    const struct conn *o = &conns[k];
+    uint64_t n = __atomic_load_n (&o->nr_gen, __ATOMIC_ACQUIRE);
+
+    for (i = 0; i < n; ++i) {
+      const struct op *p = &o->hist[i];
+      uint64_t sent = __atomic_load_n (&p->sent_ev, __ATOMIC_ACQUIRE);
+
+      if (sent == 0 || sent > done_ev || !is_bad (p))
+        continue;
+      zlo = p->offset < zlo ? p->offset : zlo;
+      zhi = p->offset + p->count > zhi ? p->offset + p->count : zhi;
+    }
+  }
+  c->st.flush_checked++;
+  if (zhi == 0) {
+    c->st.flush_must_succeed++;
+    if (fl->state == ST_FAILED) {
+      c->st.flush_wrong++;
+      fprintf (stderr, "THE RECORD: conn %u FLUSH failed (%s) with no "
+               "write ever sent to the bad range\n", c->id,
+               strerror (fl->err));
+    }
+    return;
+  }
+  lost = calloc (zhi - zlo, 1);
+  amb = calloc (zhi - zlo, 1);
+  if (lost == NULL || amb == NULL) {
+    perror ("calloc");
+    exit (EXIT_FAILURE);
+  }
+  for (k = 0; k < nr_conns; ++k) {
+    const struct conn *o = &conns[k];
+    uint64_t n = __atomic_load_n (&o->nr_gen, __ATOMIC_ACQUIRE);
+
+    for (i = 0; i < n; ++i) {
+      const struct op *p = &o->hist[i];
+      uint64_t sent = __atomic_load_n (&p->sent_ev, __ATOMIC_ACQUIRE);
+      uint64_t acked = __atomic_load_n (&p->acked_ev, __ATOMIC_ACQUIRE);
+      uint64_t lo, hi;
+      bool ok;
+
+      if (sent == 0 || sent > done_ev || !is_mutation (p) ||
+          !ranges_overlap (p->offset, p->count, zlo, zhi - zlo))
+        continue;
+      lo = p->offset > zlo ? p->offset : zlo;
+      hi = p->offset + p->count < zhi ? p->offset + p->count : zhi;
+      ok = acked != 0 && p->state == ST_DONE;
+      if (acked != 0 && acked < fl->sent_ev) {
+        /* Covered: a success decides, a failure told its client. */
+        if (ok)
+          memset (&lost[lo - zlo], is_bad (p), hi - lo);
+      }
+      else if (!(acked != 0 && !ok)) {
+        memset (&amb[lo - zlo], 1, hi - lo);
+        amb_bad |= is_bad (p);
+      }
+    }
+  }
+  for (b = 0; b < zhi - zlo; ++b) {
+    any_lost |= lost[b];
+    must_fail |= lost[b] && !amb[b];
+  }
+  c->st.flush_must_fail += must_fail;
+  c->st.flush_must_succeed += !any_lost && !amb_bad;
+  if (must_fail && fl->state != ST_FAILED) {
+    c->st.flush_wrong++;
+    fprintf (stderr, "THE RECORD: conn %u FLUSH succeeded, but an "
+             "acknowledged write to the bad range was lost and not written "
+             "again\n", c->id);
+  }
+  else if (!any_lost && !amb_bad && fl->state == ST_FAILED) {
+    c->st.flush_wrong++;
+    fprintf (stderr, "THE RECORD: conn %u FLUSH failed (%s), but every "
+             "acknowledged write to the bad range was written again\n",
+             c->id, strerror (fl->err));
+  }
+  free (lost);
+  free (amb);
+}
+
 /* libnbd completion callback.  Runs in this connection's thread inside
  * nbd_poll (we are the only user of the handle), so it may read the
  * reference but must not call nbd_* on the handle.
@@ -498,9 +630,17 @@ op_done (void *vp, int *error)
   struct op *p = &c->hist[f->idx];
   uint64_t i;
 
+  p->state = *error ? ST_FAILED : ST_DONE;
+  p->err = *error;
+  if (bad_hi > 0) {
+    /* The result first, then the event that publishes it. */
+    uint64_t ev = next_event ();
+
+    __atomic_store_n (&p->acked_ev, ev, __ATOMIC_RELEASE);
+    if (p->kind == OP_FLUSH)
+      check_flush_answer (c, p, ev);
+  }
   if (*error) {
-    p->state = ST_FAILED;
-    p->err = *error;
     if (p->kind == OP_ZERO && (p->flags & LIBNBD_CMD_FLAG_FAST_ZERO) &&
         *error == ENOTSUP) {
       /* Allowed: the server could not zero fast.  It SHOULD NOT have
@@ -547,7 +687,6 @@ op_done (void *vp, int *error)
     goto out;
   }
 
-  p->state = ST_DONE;
   if (f->self_corrupt)
     c->corrupt_inflight = false;
   if (p->kind == OP_READ && f->cross == CROSS_BUSY)
@@ -1029,6 +1168,12 @@ issue (struct conn *c, uint64_t idx)
   default: abort ();
   }
 
+  /* --bad-range: an acknowledged write there is lost (the server only
+   * answers for it in its FLUSHes), so its bytes are unspecified.
+   */
+  if (is_bad (p))
+    forget_range (p->offset, p->count);
+
   for (i = 0; i < qd; ++i)
     if (c->slots[i] == NULL) {
       c->slots[i] = f;
@@ -1038,6 +1183,8 @@ issue (struct conn *c, uint64_t idx)
     abort ();
   c->nr_inflight++;
   p->state = ST_INFLIGHT;
+  if (bad_hi > 0)
+    __atomic_store_n (&p->sent_ev, next_event (), __ATOMIC_RELEASE);
 
   switch (p->kind) {
   case OP_READ:
@@ -1406,6 +1553,10 @@ usage (FILE *fp, int code)
 "  --fua-all             also send FUA on some reads and flushes\n"
 "  --expect-errors       failed ops are not fatal; their ranges become\n"
 "                        unspecified\n"
+"  --bad-range LO:HI     the server fails every write, zero and trim that\n"
+"                        touches [LO, HI) (implies --expect-errors): each\n"
+"                        FLUSH answer is checked against the record of\n"
+"                        lost writes\n"
 "  --self-test           corrupt the reference once: the run must fail\n"
 "                        (with --cross-reads: a cross read's expected copy)\n"
 "  --cross-reads         half of the reads target other connections' chunks\n"
@@ -1430,7 +1581,7 @@ main (int argc, char *argv[])
   enum {
     OPT_URI = 256, OPT_CONNS, OPT_QD, OPT_OPS, OPT_SEED, OPT_SIZE, OPT_CHUNK,
     OPT_BOUNDARY, OPT_BOUNDARY_STEP, OPT_INIT, OPT_VERIFY_ALL, OPT_DUMP,
-    OPT_MASK, OPT_FUA_ALL, OPT_EXPECT_ERRORS, OPT_SELF_TEST,
+    OPT_MASK, OPT_FUA_ALL, OPT_EXPECT_ERRORS, OPT_BAD_RANGE, OPT_SELF_TEST,
     OPT_CROSS_READS, OPT_FLUSH_ONE, OPT_NO_FINAL_FLUSH,
   };
   static const struct option long_options[] = {
@@ -1449,6 +1600,7 @@ main (int argc, char *argv[])
     { "mask", required_argument, NULL, OPT_MASK },
     { "fua-all", no_argument, NULL, OPT_FUA_ALL },
     { "expect-errors", no_argument, NULL, OPT_EXPECT_ERRORS },
+    { "bad-range", required_argument, NULL, OPT_BAD_RANGE },
     { "self-test", no_argument, NULL, OPT_SELF_TEST },
     { "cross-reads", no_argument, NULL, OPT_CROSS_READS },
     { "flush-one-then-wait", required_argument, NULL, OPT_FLUSH_ONE },
@@ -1499,6 +1651,15 @@ main (int argc, char *argv[])
     case OPT_MASK: mask_file = optarg; break;
     case OPT_FUA_ALL: fua_all = true; break;
     case OPT_EXPECT_ERRORS: expect_errors = true; break;
+    case OPT_BAD_RANGE:
+      if (sscanf (optarg, "%" SCNu64 ":%" SCNu64, &bad_lo, &bad_hi) != 2 ||
+          bad_lo >= bad_hi) {
+        fprintf (stderr, "model-test: --bad-range %s: expected LO:HI with "
+                 "LO < HI\n", optarg);
+        exit (EXIT_FAILURE);
+      }
+      expect_errors = true;
+      break;
     case OPT_SELF_TEST: self_test = true; verify_all = true; break;
     case OPT_CROSS_READS: cross_reads = true; break;
     case OPT_FLUSH_ONE: flush_one_file = optarg; break;
@@ -1673,6 +1834,10 @@ main (int argc, char *argv[])
     tot.mismatches += s->mismatches;
     tot.mismatch_bytes += s->mismatch_bytes;
     tot.errors += s->errors;
+    tot.flush_checked += s->flush_checked;
+    tot.flush_wrong += s->flush_wrong;
+    tot.flush_must_fail += s->flush_must_fail;
+    tot.flush_must_succeed += s->flush_must_succeed;
     tot.cross_checked += s->cross_checked;
     tot.cross_busy += s->cross_busy;
     tot.cross_changed += s->cross_changed;
@@ -1697,7 +1862,12 @@ main (int argc, char *argv[])
     write_file (mask_file, known, size);
 
   ok = tot.mismatches == 0 && verify_runs == 0 &&
-    (expect_errors || tot.errors == 0);
+    (expect_errors || tot.errors == 0) && tot.flush_wrong == 0;
+  if (bad_hi > 0)
+    printf ("model-test: the record: %" PRIu64 " FLUSH answers checked (%"
+            PRIu64 " had to fail, %" PRIu64 " had to succeed), %" PRIu64
+            " wrong\n", tot.flush_checked, tot.flush_must_fail,
+            tot.flush_must_succeed, tot.flush_wrong);
   if (cross_reads)
     printf ("model-test: cross reads: checked=%" PRIu64 " skipped=%" PRIu64
             " (busy at issue %" PRIu64 ", changed during the read %" PRIu64
