@@ -268,6 +268,16 @@ op_name (enum plug_op op)
   return "?";
 }
 
+/* Backing file b's name for messages (buf: room if it has none). */
+static const char *
+file_name (const struct engine *e, uint32_t b, char *buf, size_t n)
+{
+  if (e->cfg.names)
+    return e->cfg.names[b];
+  snprintf (buf, n, "#%" PRIu32, b);
+  return buf;
+}
+
 /* An error line about a run, at most one per file per second:
  * "file=NAME: write of N bytes at offset O: WHAT: ERROR".
  */
@@ -284,11 +294,9 @@ log_run (struct engine *e, const struct eng_run *r, const char *what,
   if (suppressed > 0)
     snprintf (more, sizeof more, " (and %" PRIu64 " more since the last "
               "message)", suppressed);
-  if (e->cfg.names == NULL)
-    snprintf (name, sizeof name, "#%" PRIu32, r->run->backing);
   eng_log (e, 0, "file=%s: %s of %" PRIu64 " bytes at offset %" PRIu64
            ": %s: %s%s",
-           e->cfg.names ? e->cfg.names[r->run->backing] : name,
+           file_name (e, r->run->backing, name, sizeof name),
            op_name (r->run->op), r->run->count, r->run->offset, what,
            strerror (err), more);
 }
@@ -547,15 +555,6 @@ unf_remove (struct engine *e, struct eng_op *op)
 
 /* ---- THE RECORD: spans of lost data ---- */
 
-static const char *
-file_name (const struct engine *e, uint32_t b, char *buf, size_t n)
-{
-  if (e->cfg.names)
-    return e->cfg.names[b];
-  snprintf (buf, n, "#%" PRIu32, b);
-  return buf;
-}
-
 static bool
 spans_touch (const struct span *a, uint64_t start, uint64_t end)
 {
@@ -595,8 +594,6 @@ span_add (span_vector *v, struct span sp)
       last->err == sp.err) {
     last->start = MIN (last->start, sp.start);
     last->end = MAX (last->end, sp.end);
-    last->seq_lo = MIN (last->seq_lo, sp.seq_lo);
-    last->seq_hi = MAX (last->seq_hi, sp.seq_hi);
     return false;
   }
   assert (v->len < SPAN_CAP && v->cap >= SPAN_CAP);
@@ -616,7 +613,6 @@ static bool
 span_cut (span_vector *v, uint64_t start, uint64_t end, uint64_t seq)
 {
   bool whole = false;
-
   size_t i = 0;
 
   while (i < v->len) {
@@ -649,9 +645,11 @@ span_cut (span_vector *v, uint64_t start, uint64_t end, uint64_t seq)
   return whole;
 }
 
-/* An acknowledged mutation's piece p failed for good with err. */
+/* Acknowledged data of file b is lost: sp, with the errno a FLUSH
+ * that covers it answers.
+ */
 static void
-record_lost (struct engine *e, uint32_t b, struct span sp, uint64_t now)
+record_lost (struct engine *e, uint32_t b, struct span sp)
 {
   struct eng_file *f = &e->files[b];
   size_t before = f->lost.len;
@@ -664,8 +662,7 @@ record_lost (struct engine *e, uint32_t b, struct span sp, uint64_t now)
              "is all written again", file_name (e, b, buf, sizeof buf),
              SPAN_CAP, f->lost.ptr[0].start, f->lost.ptr[0].end);
   }
-  e->nr_lost_spans += f->lost.len - before;
-  (void) now;
+  e->nr_lost_spans = e->nr_lost_spans - before + f->lost.len;
 }
 
 /* A mutation with sequence number seq succeeded over [start, end) of
@@ -682,7 +679,7 @@ record_heal (struct engine *e, uint32_t b, uint64_t start, uint64_t end,
     return;
   if (span_cut (&f->lost, start, end, seq))
     e->widened++;
-  e->nr_lost_spans -= before - f->lost.len;
+  e->nr_lost_spans = e->nr_lost_spans - before + f->lost.len;
 }
 
 /* What a FLUSH with this horizon answers: the errno of a recorded loss
@@ -868,7 +865,7 @@ sync_failed (struct engine *e, uint32_t b, int err, uint64_t now)
       struct span sp = sets[k]->ptr[i];
 
       sp.err = err;
-      record_lost (e, b, sp, now);
+      record_lost (e, b, sp);
       n++;
     }
   eng_log (e, 0, "file=%s: sync failed: %s: %zu range%s written since "
@@ -902,7 +899,7 @@ engine_record_lost (struct engine *e, uint32_t b, uint64_t offset,
     .seq_lo = seq_lo, .seq_hi = seq_hi, .err = err,
   };
 
-  record_lost (e, b, sp, 0);
+  record_lost (e, b, sp);
 }
 
 /* ---- finishing ---- */
@@ -1008,7 +1005,7 @@ run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
         .seq_lo = p->seq, .seq_hi = p->seq, .err = err,
       };
 
-      record_lost (e, p->backing, sp, now);
+      record_lost (e, p->backing, sp);
     }
     assert (op->pending > 0);
     if (--op->pending == 0)
