@@ -19,6 +19,7 @@
 #include <nbdkit-plugin.h>
 
 #include "backing.h"
+#include "cleanup.h"
 #include "conn.h"
 #include "glue.h"
 #include "iopool.h"
@@ -288,6 +289,17 @@ glue_runs_done (struct eng_run *const *runs, const int *errs, size_t n)
   glue_end_locked (&a);
   pthread_mutex_unlock (&eng_lock);
   glue_perform (&a, GLUE_INLINE_NONE);
+}
+
+void
+glue_record_lost (const struct glue_lost *lost, size_t n, int err)
+{
+  size_t i;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
+
+  for (i = 0; i < n; ++i)
+    engine_record_lost (eng, lost[i].backing, lost[i].offset, lost[i].count,
+                        lost[i].seq_lo, lost[i].seq_hi, err);
 }
 
 void
