@@ -178,7 +178,8 @@ struct rconn {
   struct unflushed unflushed[UNFLUSHED_MAX];
   unsigned nr_unflushed;
   bool widened;                 /* unflushed was widened to its hull
-                                 * since it was last empty. */
+                                 * since it was last empty: one range
+                                 * per epoch. */
 };
 
 enum remote_state {
@@ -751,7 +752,10 @@ unflushed_remove (struct rconn *c, unsigned i)
     c->widened = false;
 }
 
-/* c keeps UNFLUSHED_MAX ranges already: make them one, their hull. */
+/* c keeps UNFLUSHED_MAX ranges already: make them one, their hull;
+ * until c keeps none, what is answered between two FLUSHes joins the
+ * hull of its epoch.
+ */
 static void
 unflushed_widen (struct remote *r, struct rconn *c)
 {
@@ -785,11 +789,13 @@ unflushed_add (struct remote *r, struct rconn *c, const struct rcmd *cmd)
   unsigned i, j, last;
 
   /* A neighbour answered since the same FLUSH was issued: no FLUSH
-   * covers one of them without the other.
+   * covers one of them without the other.  Once widened, every range
+   * of an epoch is one.
    */
   for (;;) {
     for (i = 0; i < c->nr_unflushed; ++i)
-      if (c->unflushed[i].epoch == u.epoch && touches (&c->unflushed[i], &u))
+      if (c->unflushed[i].epoch == u.epoch &&
+          (c->widened || touches (&c->unflushed[i], &u)))
         break;
     if (i < c->nr_unflushed)
       break;
@@ -803,7 +809,7 @@ unflushed_add (struct remote *r, struct rconn *c, const struct rcmd *cmd)
   /* Grown, it may meet others now: fold them in. */
   for (j = 0; j < c->nr_unflushed; ) {
     if (j == i || c->unflushed[j].epoch != c->unflushed[i].epoch ||
-        !touches (&c->unflushed[i], &c->unflushed[j])) {
+        (!c->widened && !touches (&c->unflushed[i], &c->unflushed[j]))) {
       ++j;
       continue;
     }
@@ -865,9 +871,14 @@ record_lost (struct remote *r, struct rconn *c, const char *why)
   struct glue_lost lost[UNFLUSHED_MAX];
   uint64_t lo = UINT64_MAX, hi = 0;
   unsigned i, n = c->nr_unflushed;
+  char wide[128] = "";
 
   if (n == 0)
     return;
+  if (c->widened)
+    snprintf (wide, sizeof wide, " (more than %u ranges: widened to the "
+              "hull of what was answered between two FLUSHes)",
+              UNFLUSHED_MAX);
   for (i = 0; i < n; ++i) {
     const struct unflushed *u = &c->unflushed[i];
 
@@ -887,7 +898,7 @@ record_lost (struct remote *r, struct rconn *c, const char *why)
                 "that restarted from what it had synced): recorded as "
                 "failed writes, FLUSH fails with EIO until they are "
                 "written again", r->uri, c->idx, why, n, n == 1 ? "" : "s",
-                lo, hi, c->widened ? " (widened to their hull)" : "");
+                lo, hi, wide);
   for (i = 0; i < n; ++i)
     nbdkit_debug ("file=%s: connection %u: may be lost: [%" PRIu64 ", %"
                   PRIu64 "), mutations %" PRIu64 " to %" PRIu64,

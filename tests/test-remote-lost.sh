@@ -13,7 +13,11 @@
 #    without it: the next FLUSH fails with EIO, and so does the one
 #    after it; once the range is written again, a FLUSH succeeds and the
 #    data is there.
-#  - flushed: the same, but a FLUSH covered the write before the server
+#  - widened: 100 writes 4 KiB apart, more ranges than a connection
+#    keeps (64): they are kept as one range, their hull, which the loss
+#    line names ("widened"); the FLUSHes fail until the whole hull is
+#    written again.
+#  - flushed: the same as "lost", but a FLUSH covered the write before the server
 #    died: the FLUSH after the restart succeeds (no false failure), and
 #    so do later writes and FLUSHes.
 #  - fua: a write sent with FUA to a server with FUA is durable once
@@ -76,6 +80,12 @@ if case in ("lost", "inflight"):
     # Held (direct=never, idle=10s): the read unplugs it and waits until
     # the server answered it.
     written(h, b"B", 0, 64 * K)
+elif case == "widened":
+    for i in range(100):
+        h.pwrite(b"B" * (4 * K), i * 8 * K)
+    got = h.pread(800 * K, 0)   # Waits for all of them.
+    for i in range(100):
+        assert got[i * 8 * K:i * 8 * K + 4 * K] == b"B" * (4 * K)
 elif case == "flushed":
     h.pwrite(b"B" * (64 * K), 0)
     written(h, b"B", 0, 64 * K)
@@ -88,19 +98,21 @@ if case == "inflight":
     fl = h.aio_flush()
 
 wait_mark("back")
-if case in ("lost", "inflight"):
-    if case == "lost":
+if case in ("lost", "widened", "inflight"):
+    if case != "inflight":
         expect_eio("FLUSH after the restart", h.flush)
     else:
         expect_eio("FLUSH at the server when it died",
                    lambda: wait_cmd(h, fl))
-    # Every FLUSH fails until the range is written again.  (For "lost",
-    # this needs engine_record_lost's lasting record: with the one-shot
-    # deferred error its interim body uses, this FLUSH succeeds.)
+    # Every FLUSH fails until the range is written again.  (For "lost"
+    # and "widened", this needs engine_record_lost's lasting record:
+    # with the one-shot deferred error of its interim body, this FLUSH
+    # succeeds.)
     expect_eio("second FLUSH", h.flush)
-    h.pwrite(b"C" * (64 * K), 0)
+    n = 800 * K if case == "widened" else 64 * K
+    h.pwrite(b"C" * n, 0)
     h.flush()
-    written(h, b"C", 0, 64 * K)
+    written(h, b"C", 0, n)
     print("client: ok: the range written again, a FLUSH succeeds")
 else:
     h.flush()
@@ -178,6 +190,11 @@ open(sys.argv[1], "wb").write(b"A" * (1 << 20))' "$d/synced.img" ;;
   srv_kill "$srv"
   touch "$d/killed"
   wait_file "$tmp/$plug.log" "connection lost"
+  if [ "$case" = widened ]; then
+    # The hull of the 100 ranges: [0, 99 * 8 KiB + 4 KiB).
+    grep "1 range in \[0, 815104) (more than 64 ranges: widened" \
+         "$tmp/$plug.log"
+  fi
   cp "$d/synced.img" "$d/disk.img"
   # The same server (a FLUSH no longer waits: "killed" is there).
   srv_start "$srv" unix "${server[@]}"
@@ -194,6 +211,8 @@ K = 1024
 d = open(path, "rb").read()
 if case in ("lost", "inflight"):
     want = b"C" * (64 * K) + b"A" * (1024 * K - 64 * K)
+elif case == "widened":
+    want = b"C" * (800 * K) + b"A" * (1024 * K - 800 * K)
 else:
     want = (b"B" * (64 * K) + b"A" * (64 * K) + b"C" * (64 * K) +
             b"A" * (1024 * K - 192 * K))
@@ -204,6 +223,7 @@ EOF2
 }
 
 run lost
+run widened
 run flushed
 run fua
 run inflight
