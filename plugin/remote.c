@@ -825,9 +825,12 @@ unflushed_add (struct remote *r, struct rconn *c, const struct rcmd *cmd)
 }
 
 /* A FLUSH issued at epoch `epoch` succeeded on fc.  It covers what was
- * answered before it was issued on any connection (multi-conn) that fc
- * was up with all along: answered since fc came up.  A connection to a
- * server that restarted meanwhile is dead, and died before fc came up.
+ * answered before it was issued (an earlier epoch), on any connection
+ * (multi-conn), by the server fc has been talking to all along: what was
+ * answered since fc came up.  What a server answered before it restarted
+ * was answered before fc could connect to its successor, even if the
+ * loop has not yet seen that connection die: it is left for the death
+ * to record.
  */
 static void
 unflushed_cover (struct remote *r, const struct rconn *fc, uint64_t epoch)
