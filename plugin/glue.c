@@ -19,6 +19,7 @@
 #include <nbdkit-plugin.h>
 
 #include "backing.h"
+#include "cleanup.h"
 #include "conn.h"
 #include "glue.h"
 #include "iopool.h"
@@ -353,6 +354,17 @@ glue_sync (struct eng_sync *s, uint32_t inline_runs)
   glue_begin (&a);
   sync_done_into (&a, s, sync_backing (s));
   glue_perform (&a, inline_runs == 0 ? 1 : inline_runs);
+}
+
+void
+glue_record_lost (const struct glue_lost *lost, size_t n, int err)
+{
+  size_t i;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
+
+  for (i = 0; i < n; ++i)
+    engine_record_lost (eng, lost[i].backing, lost[i].offset, lost[i].count,
+                        lost[i].seq_lo, lost[i].seq_hi, err);
 }
 
 void

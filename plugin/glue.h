@@ -126,6 +126,24 @@ extern void glue_sync (struct eng_sync *s, uint32_t inline_runs);
 extern void glue_runs_done (struct eng_run *const *runs, const int *errs,
                             size_t n);
 
+/* Acknowledged data of a backing file that may be gone although its
+ * runs were answered (see engine_record_lost): [offset, offset+count)
+ * of backing file `backing`, last written by the mutations numbered
+ * seq_lo to seq_hi.
+ */
+struct glue_lost {
+  uint32_t backing;
+  uint64_t offset, count;
+  uint64_t seq_lo, seq_hi;
+};
+
+/* Record n such ranges as failures with err, under one eng_lock
+ * acquisition (a remote's loop thread, when a connection that answered
+ * them died before a FLUSH covered them).
+ */
+extern void glue_record_lost (const struct glue_lost *lost, size_t n,
+                              int err);
+
 /* Wait for w (EINTR-safe); returns w->err. */
 extern int glue_wait (struct waiter *w);
 

@@ -86,6 +86,10 @@
 #define DONE_BATCH 64
 /* flushed_mark before any FLUSH succeeded. */
 #define FLUSHED_NEVER UINT64_MAX
+/* Ranges a connection keeps of what it answered and no FLUSH covered
+ * yet (struct unflushed); one more widens them to their hull.
+ */
+#define UNFLUSHED_MAX 64
 
 enum rcmd_kind {
   RC_RUN,                       /* A run of the engine (asynchronous). */
@@ -128,6 +132,24 @@ struct rcmd {
                                  * then (0: when a connection is up). */
   unsigned attempts;            /* "Not now" answers so far. */
   uint64_t flush_mark;          /* RC_FLUSH: r->mutations when issued. */
+  uint64_t flush_epoch;         /* RC_FLUSH: r->flush_epoch when issued. */
+  uint64_t seq_lo, seq_hi;      /* RC_RUN: its members' sequence numbers
+                                 * (set by the submitter). */
+  uint64_t losses_seen;         /* RC_FLUSH: r->losses when requested. */
+};
+
+/* Data a connection answered and no FLUSH has covered yet: if the
+ * connection dies, the server may have died with it and come back from
+ * its last synced state without it (see record_lost).  Neighbours
+ * answered between the same two FLUSHes are merged.
+ */
+struct unflushed {
+  uint32_t backing;
+  uint64_t offset, end;
+  uint64_t seq_lo, seq_hi;      /* The mutations that last wrote it. */
+  uint64_t answer;              /* r->answers at its first answer. */
+  uint64_t epoch;               /* r->flush_epoch at its last answer:
+                                 * FLUSHes issued before it. */
 };
 
 enum rconn_state {
@@ -152,6 +174,12 @@ struct rconn {
                                  * (the backoff's, or the spare one's). */
   uint64_t next_attempt_ns;
   uint64_t connect_deadline_ns;
+  uint64_t up_since;            /* r->answers when it became READY. */
+  struct unflushed unflushed[UNFLUSHED_MAX];
+  unsigned nr_unflushed;
+  bool widened;                 /* unflushed was widened to its hull
+                                 * since it was last empty: one range
+                                 * per epoch. */
 };
 
 enum remote_state {
@@ -202,6 +230,10 @@ struct remote {
   struct eng_run *batch_runs[DONE_BATCH];
   int batch_errs[DONE_BATCH];
   size_t nr_batch;
+  uint64_t answers;             /* Runs answered and tracked (struct
+                                 * unflushed), in the order the loop saw
+                                 * their answers. */
+  uint64_t flush_epoch;         /* FLUSHes issued. */
 
   /* Atomic: written by the loop thread (or the blocking path, one
    * command at a time), read by workers (remote_start_flush).
@@ -216,10 +248,17 @@ struct remote {
    */
   uint64_t mutations;
   uint64_t flushed_mark;
+  /* Atomic, written by the loop thread: connections that died with
+   * data no FLUSH covered (record_lost).  A FLUSH requested before one
+   * of them fails: it cannot cover what was lost.
+   */
+  uint64_t losses;
 };
 
 static void settle (struct remote *r);
 static void open_failed (struct remote *r, struct rconn *c, const char *why);
+static void note_answered (struct remote *r, struct rconn *c,
+                           const struct rcmd *cmd);
 
 bool
 remote_is_uri (const char *name)
@@ -655,6 +694,233 @@ note_flushed (struct remote *r, uint64_t mark)
     ;
 }
 
+/* ---- what no FLUSH covered yet (the loop thread) ----
+ *
+ * NBD: a FLUSH covers the writes the server "completed (replied to)"
+ * before it was sent, and with multi-conn those of every connection.
+ * Data a connection answered is not durable until such a FLUSH
+ * succeeded.  If the connection dies before, the server may have died
+ * with it and come back from what it had synced, without that data;
+ * the client above was told it was written, and a FLUSH on the new
+ * connection would succeed.  So every connection keeps the ranges it
+ * answered until a FLUSH covers them, and if it dies they are recorded
+ * as failed writes (engine_record_lost), which the FLUSHes report.
+ * What is kept is bounded: neighbours answered between the same two
+ * FLUSHes are one range, and past UNFLUSHED_MAX ranges they are
+ * widened to their hull (more may be reported lost, never less).
+ */
+
+/* Does a run answered with success leave data that only a FLUSH makes
+ * durable?  Not a trim (NBD: the contents are unspecified until written
+ * again), not a command with FUA ("persisted" when answered), and
+ * nothing on a server without flush (no volatile cache to lose).
+ */
+static bool
+needs_flush (const struct remote *r, const struct rcmd *cmd)
+{
+  return r->info.can_flush && cmd->op != PLUG_OP_TRIM &&
+    !(cmd->flags & LIBNBD_CMD_FLAG_FUA);
+}
+
+/* Do a and b overlap or meet? */
+static bool
+touches (const struct unflushed *a, const struct unflushed *b)
+{
+  return a->offset <= b->end && b->offset <= a->end;
+}
+
+/* a becomes the hull of a and b: covered only by a FLUSH that covers
+ * both.
+ */
+static void
+unflushed_merge (struct unflushed *a, const struct unflushed *b)
+{
+  assert (a->backing == b->backing);
+  a->offset = MIN (a->offset, b->offset);
+  a->end = MAX (a->end, b->end);
+  a->seq_lo = MIN (a->seq_lo, b->seq_lo);
+  a->seq_hi = MAX (a->seq_hi, b->seq_hi);
+  a->answer = MIN (a->answer, b->answer);
+  a->epoch = MAX (a->epoch, b->epoch);
+}
+
+static void
+unflushed_remove (struct rconn *c, unsigned i)
+{
+  c->unflushed[i] = c->unflushed[--c->nr_unflushed];
+  if (c->nr_unflushed == 0)
+    c->widened = false;
+}
+
+/* c keeps UNFLUSHED_MAX ranges already: make them one, their hull;
+ * until c keeps none, what is answered between two FLUSHes joins the
+ * hull of its epoch.
+ */
+static void
+unflushed_widen (struct remote *r, struct rconn *c)
+{
+  unsigned i;
+
+  for (i = 1; i < c->nr_unflushed; ++i)
+    unflushed_merge (&c->unflushed[0], &c->unflushed[i]);
+  c->nr_unflushed = 1;
+  if (!c->widened)
+    nbdkit_debug ("file=%s: connection %u: more than %u ranges answered "
+                  "and not yet flushed: kept as their hull [%" PRIu64
+                  ", %" PRIu64 ") until a FLUSH covers it",
+                  r->uri, c->idx, UNFLUSHED_MAX, c->unflushed[0].offset,
+                  c->unflushed[0].end);
+  c->widened = true;
+}
+
+/* Run cmd was answered on c with success and needs a FLUSH. */
+static void
+unflushed_add (struct remote *r, struct rconn *c, const struct rcmd *cmd)
+{
+  const struct unflushed u = {
+    .backing = cmd->run->run->backing,
+    .offset = cmd->offset,
+    .end = cmd->offset + cmd->count,
+    .seq_lo = cmd->seq_lo,
+    .seq_hi = cmd->seq_hi,
+    .answer = r->answers++,
+    .epoch = r->flush_epoch,
+  };
+  unsigned i, j, last;
+
+  /* A neighbour answered since the same FLUSH was issued: no FLUSH
+   * covers one of them without the other.  Once widened, every range
+   * of an epoch is one.
+   */
+  for (;;) {
+    for (i = 0; i < c->nr_unflushed; ++i)
+      if (c->unflushed[i].epoch == u.epoch &&
+          (c->widened || touches (&c->unflushed[i], &u)))
+        break;
+    if (i < c->nr_unflushed)
+      break;
+    if (c->nr_unflushed < UNFLUSHED_MAX) {
+      c->unflushed[c->nr_unflushed++] = u;
+      return;
+    }
+    unflushed_widen (r, c);
+  }
+  unflushed_merge (&c->unflushed[i], &u);
+  /* Grown, it may meet others now: fold them in. */
+  for (j = 0; j < c->nr_unflushed; ) {
+    if (j == i || c->unflushed[j].epoch != c->unflushed[i].epoch ||
+        (!c->widened && !touches (&c->unflushed[i], &c->unflushed[j]))) {
+      ++j;
+      continue;
+    }
+    unflushed_merge (&c->unflushed[i], &c->unflushed[j]);
+    last = --c->nr_unflushed;
+    if (j != last) {
+      c->unflushed[j] = c->unflushed[last];
+      if (i == last)
+        i = j;
+    }
+    j = 0;
+  }
+}
+
+/* A FLUSH issued at epoch `epoch` succeeded on fc.  It covers what was
+ * answered before it was issued (an earlier epoch), on any connection
+ * (multi-conn), by the server fc has been talking to all along: what was
+ * answered since fc came up.  What a server answered before it restarted
+ * was answered before fc could connect to its successor, even if the
+ * loop has not yet seen that connection die: it is left for the death
+ * to record.
+ */
+static void
+unflushed_cover (struct remote *r, const struct rconn *fc, uint64_t epoch)
+{
+  unsigned n, i;
+
+  for (n = 0; n < r->info.nr_conns; ++n) {
+    struct rconn *c = &r->conns[n];
+
+    for (i = 0; i < c->nr_unflushed; ) {
+      const struct unflushed *u = &c->unflushed[i];
+
+      if (u->epoch <= epoch && u->answer >= fc->up_since)
+        unflushed_remove (c, i);
+      else
+        ++i;
+    }
+  }
+}
+
+/* cmd was answered on c, all of it, with success.  Called as soon as
+ * its last answer is read, before anything else the loop does: a
+ * connection noticed dead later must find it.
+ */
+static void
+note_answered (struct remote *r, struct rconn *c, const struct rcmd *cmd)
+{
+  if (cmd->kind == RC_RUN && needs_flush (r, cmd))
+    unflushed_add (r, c, cmd);
+  else if (cmd->kind == RC_FLUSH)
+    unflushed_cover (r, c, cmd->flush_epoch);
+}
+
+/* c died: what it answered and no FLUSH covered may be gone from the
+ * server.  Record it as failed writes, and count the loss: a FLUSH
+ * requested before it cannot cover it (flush_saw_loss).
+ */
+static void
+record_lost (struct remote *r, struct rconn *c, const char *why)
+{
+  struct glue_lost lost[UNFLUSHED_MAX];
+  uint64_t lo = UINT64_MAX, hi = 0;
+  unsigned i, n = c->nr_unflushed;
+  char wide[128] = "";
+
+  if (n == 0)
+    return;
+  if (c->widened)
+    snprintf (wide, sizeof wide, " (more than %u ranges: widened to the "
+              "hull of what was answered between two FLUSHes)",
+              UNFLUSHED_MAX);
+  for (i = 0; i < n; ++i) {
+    const struct unflushed *u = &c->unflushed[i];
+
+    lost[i].backing = u->backing;
+    lost[i].offset = u->offset;
+    lost[i].count = u->end - u->offset;
+    lost[i].seq_lo = u->seq_lo;
+    lost[i].seq_hi = u->seq_hi;
+    lo = MIN (lo, u->offset);
+    hi = MAX (hi, u->end);
+  }
+  glue_record_lost (lost, n, EIO);
+  __atomic_add_fetch (&r->losses, 1, __ATOMIC_SEQ_CST);
+  nbdkit_error ("file=%s: connection %u lost (%s) with writes the server "
+                "had answered and no FLUSH had covered: %u range%s in [%"
+                PRIu64 ", %" PRIu64 ")%s may be gone from it (a server "
+                "that restarted from what it had synced): recorded as "
+                "failed writes, FLUSH fails with EIO until they are "
+                "written again", r->uri, c->idx, why, n, n == 1 ? "" : "s",
+                lo, hi, wide);
+  for (i = 0; i < n; ++i)
+    nbdkit_debug ("file=%s: connection %u: may be lost: [%" PRIu64 ", %"
+                  PRIu64 "), mutations %" PRIu64 " to %" PRIu64,
+                  r->uri, c->idx, lost[i].offset,
+                  lost[i].offset + lost[i].count, lost[i].seq_lo,
+                  lost[i].seq_hi);
+  c->nr_unflushed = 0;
+  c->widened = false;
+}
+
+/* A connection died with data no FLUSH covered since flush cmd was
+ * requested: it cannot cover that data.
+ */
+static bool
+flush_saw_loss (struct remote *r, const struct rcmd *cmd)
+{
+  return __atomic_load_n (&r->losses, __ATOMIC_SEQ_CST) != cmd->losses_seen;
+}
+
 /* ---- the blocking path (no loop thread) ---- */
 
 static int
@@ -738,6 +1004,8 @@ static void
 cmd_finished (struct remote *r, struct rcmd *cmd)
 {
   if (cmd->conn) {
+    if (cmd->err == 0 && !cmd->died)
+      note_answered (r, cmd->conn, cmd);
     conn_list_remove (cmd->conn, cmd);
     cmd->conn = NULL;
   }
@@ -857,6 +1125,33 @@ pick_conn (struct remote *r)
   return best;
 }
 
+/* A FLUSH goes to the connection that has been up the longest: it
+ * covers what every connection up since then answered
+ * (unflushed_cover).
+ */
+static struct rconn *
+pick_flush_conn (struct remote *r)
+{
+  struct rconn *best = NULL;
+  unsigned i;
+
+  for (i = 0; i < r->info.nr_conns; ++i) {
+    struct rconn *c = &r->conns[i];
+
+    if (c->state != RCONN_READY || c->broken)
+      continue;
+    if (best == NULL || c->up_since < best->up_since)
+      best = c;
+  }
+  return best;
+}
+
+static struct rconn *
+conn_for (struct remote *r, const struct rcmd *cmd)
+{
+  return cmd->kind == RC_FLUSH ? pick_flush_conn (r) : pick_conn (r);
+}
+
 static void
 park (struct remote *r, struct rcmd *cmd)
 {
@@ -901,6 +1196,8 @@ issue (struct remote *r, struct rconn *c, struct rcmd *cmd)
   cmd->died = false;
   cmd->retry_at_ns = 0;
   cmd->flush_mark = __atomic_load_n (&r->mutations, __ATOMIC_SEQ_CST);
+  if (cmd->kind == RC_FLUSH)
+    cmd->flush_epoch = r->flush_epoch++;
   cmd->nr_ext = 0;
   cmd->ext_covered = 0;
   cmd->cprev = NULL;
@@ -955,7 +1252,7 @@ dispatch (struct remote *r, struct rcmd *cmd)
     done_push (r, cmd);
     return;
   }
-  c = pick_conn (r);
+  c = conn_for (r, cmd);
   if (c) {
     issue (r, c, cmd);
     return;
@@ -1002,6 +1299,16 @@ finish_done (struct remote *r)
       note_mutation (r, cmd, err);
       batch_add (r, cmd->run, err);
       cmd_free (cmd);
+    }
+    else if (cmd->kind == RC_FLUSH && cmd->err == 0 &&
+             flush_saw_loss (r, cmd)) {
+      /* Sent again, or answered by another connection: either way it
+       * covers nothing the dead one answered before it.
+       */
+      nbdkit_error ("file=%s: flush: a connection died with writes "
+                    "answered before this FLUSH and not covered by one "
+                    "(see above): they may be gone", r->uri);
+      sync_done (cmd, EIO);
     }
     else if (cmd->died && cmd->err == 0)
       dispatch (r, cmd);
@@ -1112,6 +1419,8 @@ conn_lost (struct remote *r, struct rconn *c, const char *why)
   struct rcmd *cmd;
 
   if (c->state == RCONN_READY) {
+    /* First: a FLUSH that comes after the line below fails. */
+    record_lost (r, c, why);
     __atomic_sub_fetch (&r->nr_ready, 1, __ATOMIC_SEQ_CST);
     if (!r->outage_logged && !r->stopping)
       nbdkit_error ("file=%s: connection lost (%s): reconnecting; writes "
@@ -1207,6 +1516,7 @@ conn_ready (struct remote *r, struct rconn *c)
   r->differs = false;
   c->state = RCONN_READY;
   c->attempts = 0;
+  c->up_since = r->answers;
   up = __atomic_add_fetch (&r->nr_ready, 1, __ATOMIC_SEQ_CST);
   if (up == 1) {
     nbdkit_debug ("file=%s: reconnected", r->uri);
@@ -1392,11 +1702,11 @@ timer_cb (struct ev_loop *loop, ev_timer *w, int revents)
       done_push (r, cmd);
     }
     else if (cmd->retry_at_ns && now >= cmd->retry_at_ns &&
-             pick_conn (r) != NULL) {
+             conn_for (r, cmd) != NULL) {
       *pp = cmd->next;
       cmd->retry_at_ns = 0;
       cmd->next = NULL;
-      issue (r, pick_conn (r), cmd);
+      issue (r, conn_for (r, cmd), cmd);
     }
     else
       pp = &cmd->next;
@@ -1597,6 +1907,11 @@ remote_submit (struct remote *r, struct eng_run *er, int *err)
   cmd->offset = run->offset;
   cmd->count = run->count;
   cmd->zero_by_write = run->op == PLUG_OP_ZERO && !r->info.can_zero;
+  cmd->seq_lo = UINT64_MAX;
+  for (i = 0; i < run->n; ++i) {
+    cmd->seq_lo = MIN (cmd->seq_lo, run->reqs[i]->seq);
+    cmd->seq_hi = MAX (cmd->seq_hi, run->reqs[i]->seq);
+  }
   if (run->op == PLUG_OP_WRITE) {
     if (run->n == 1)
       cmd->buf = (char *) run->reqs[0]->buf;
@@ -1693,6 +2008,7 @@ remote_start_flush (struct remote *r, struct remote_wait *w)
     wait_fail (w, ENOMEM);
     return;
   }
+  cmd->losses_seen = __atomic_load_n (&r->losses, __ATOMIC_SEQ_CST);
   start_sync (r, w, cmd);
 }
 

@@ -34,6 +34,12 @@
  * at most retry-timeout=, and a command that died with its connection
  * is sent again.
  *
+ * What a connection answered (writes and zeroes, without FUA) is kept as
+ * ranges until a FLUSH covers it; a connection that dies before hands
+ * them to the engine as lost (glue_record_lost: the server may have
+ * died too and come back from its last synced state), and a FLUSH
+ * requested before that fails with EIO.
+ *
  * A connection that breaks is reconnected in the loop with the engine's
  * capped exponential backoff (retry_delay() from src/retry.h,
  * retry-delay= up to retry-max-delay=).  A server that came back with
