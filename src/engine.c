@@ -525,7 +525,7 @@ engine_conn_free (struct engine *e, struct eng_conn *c)
   free (c);
 }
 
-/* ---- the unfinished list and the deferred error ---- */
+/* ---- the unfinished list ---- */
 
 static void
 unf_append (struct engine *e, struct eng_op *op)

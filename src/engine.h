@@ -195,7 +195,7 @@ struct eng_op {
   bool reply_pending;           /* The client waits for an answer. */
   bool told_ok;                 /* The client was told "written" before
                                  * the data finished (writeback): a later
-                                 * failure becomes a deferred error. */
+                                 * failure enters THE RECORD. */
   struct eng_op *unf_prev, *unf_next;   /* Unfinished mutations, by seq. */
   struct eng_op *wprev, *wnext;         /* A waiting list. */
   struct eng_op *reply_next, *release_next;     /* Action lists. */
