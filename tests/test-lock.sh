@@ -124,8 +124,15 @@ grep -F "shared=perhaps" "$tmp/err"
 # nbdkit forks into the background after opening the files: the lock
 # must go with it.  A daemon is not our child, so its exit status cannot
 # be collected; it must go away on SIGTERM.
+# nbdkit returns at its fork; the child writes the pid file later (seen
+# missing at once): wait until it holds the pid.
 nbdkit -U "$tmp/daemon.sock" -P "$tmp/daemon.pid" "$PLUGIN" "$img"
+for ((i = 0; i < 300; ++i)); do
+  [ -s "$tmp/daemon.pid" ] && break
+  sleep 0.1
+done
 dpid=$(cat "$tmp/daemon.pid")
+test -n "$dpid"
 cleanup_fn kill -KILL "$dpid"
 refused "$img"
 kill -TERM "$dpid"
