@@ -16,7 +16,9 @@
 #       PARAM=VALUE are passed to the plugin (e.g. mode=hold idle=3ms).
 #       It prints how to reach the export; stop it with Ctrl-C.
 #   ./quickstart.sh check
-#       build (with warnings as errors), run make check
+#       build with warnings as errors (-Werror), run make check
+# serve builds without -Werror; either command cleans and configures
+# again a tree that was configured for the other.
 #
 # Debian 12 only; installs packages with apt-get when run as root.
 set -euo pipefail
@@ -60,13 +62,31 @@ install_missing ()
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# build serve|check: configure for the command, then make.  check builds
+# with warnings as errors (--enable-gcc-warnings: -Werror), serve
+# without them: a newer compiler's new warning must not stop someone who
+# only wants to serve.  A tree configured with other options (the other
+# command's, or by hand) is cleaned first: make does not recompile an
+# object when only the compiler's flags changed.  check configures again
+# in any case.
 build ()
 {
+  local cmd=$1 opts=() configured=none
+  [ "$cmd" = check ] && opts=(--enable-gcc-warnings)
   if [ ! -x configure ] || [ configure.ac -nt configure ]; then
     autoreconf -fi
   fi
-  if [ ! -f Makefile ] || [ "${1:-}" = reconfigure ]; then
-    ./configure --enable-gcc-warnings
+  if [ -f Makefile ] && [ -x config.status ]; then
+    configured=other
+    [ "$(./config.status --config)" = "${opts[*]}" ] && configured=same
+  fi
+  if [ $configured = other ]; then
+    echo "quickstart: configured as '$(./config.status --config)'," \
+         "$cmd builds with '${opts[*]}': make clean, configure again"
+    make clean >/dev/null
+  fi
+  if [ $configured != same ] || [ "$cmd" = check ]; then
+    ./configure "${opts[@]}"
   fi
   make -j"$(nproc)"
 }
@@ -119,7 +139,7 @@ serve ()
 
   # shellcheck disable=SC2086
   install_missing $BUILD_PKGS
-  build
+  build serve
   mkdir -p work
   img=$top/work/disk.img
   [ -e "$img" ] || truncate -s 1G "$img"
@@ -138,8 +158,8 @@ serve ()
         [ "$listen" = tcp ] || rm -f "$sock"' EXIT
   rm -f "$top/work/nbdkit.pid" "$top/work/proxy.pid"
 
-  # One process owns the image.  Each connection has its own plug:
-  # attach one client at a time, or use mode=hold for several.
+  # One process owns the image (a second "nbdkit plug" on it is refused,
+  # see shared= in the man page); --both proxies it.
   if [ "$listen" = unix ]; then
     rm -f "$sock"
     start "$top/work/nbdkit.pid" -U "$sock" \
@@ -204,7 +224,7 @@ check)
   [ $# -eq 0 ] || usage
   # shellcheck disable=SC2086
   install_missing $BUILD_PKGS $TEST_PKGS
-  build reconfigure
+  build check
   make check
   ;;
 esac

@@ -105,37 +105,32 @@ bad "file=$tmp/empty.img: .*empty" "$good" "$tmp/empty.img"
 bad "no backing file given"
 bad "no backing file given" mode=hold
 # Unreadable file.  Root reads a chmod 000 file anyway, so as root run
-# nbdkit as nobody (setpriv), after checking that nobody can serve a
-# readable file from the same directory.
+# nbdkit as nobody (setpriv), with its own copy of the plugin, after
+# checking that nobody serves a readable file from the same directory
+# (so that the refusal below is the file's own).
 # The socket goes in a directory nobody may write to.
-mkdir "$tmp/pub" "$tmp/pub/run"
-chmod 755 "$tmp" "$tmp/pub"
+as_nobody "$tmp/pub"
+mkdir "$tmp/pub/run"
 chmod 777 "$tmp/pub/run"
 truncate -s 1M "$tmp/pub/readable.img" "$tmp/pub/unreadable.img"
 chmod 666 "$tmp/pub/readable.img"
 chmod 000 "$tmp/pub/unreadable.img"
-as=()
-if [ "$(id -u)" -eq 0 ]; then
-  as=(setpriv --reuid=65534 --regid=65534 --clear-groups)
-  before=$(nbdkit_tmpdirs)
-  rm -f "$tmp/pub/run/sock"
-  "${as[@]}" nbdkit -U "$tmp/pub/run/sock" "$PLUGIN" "$tmp/pub/readable.img" \
-             --run 'exit 0' || as=(skip)
-  no_leftovers "$before" "nbdkit as nobody"
-fi
-if [ "${as[*]}" != skip ]; then
-  rc=0
-  before=$(nbdkit_tmpdirs)
-  rm -f "$tmp/pub/run/sock"
-  "${as[@]}" nbdkit -U "$tmp/pub/run/sock" "$PLUGIN" "$tmp/pub/unreadable.img" \
-             --run 'exit 0' 2> "$tmp/err" || rc=$?
-  cat "$tmp/err"
-  no_leftovers "$before" "nbdkit plug unreadable.img"
-  test $rc -ne 0
-  grep "file=$tmp/pub/unreadable.img: open: Permission denied" "$tmp/err"
-else
-  echo "$0: root, and cannot run nbdkit as nobody: unreadable file not tested"
-fi
+before=$(nbdkit_tmpdirs)
+rm -f "$tmp/pub/run/sock"
+"${AS_NOBODY[@]}" nbdkit -U "$tmp/pub/run/sock" "$NOBODY_PLUGIN" \
+                  "$tmp/pub/readable.img" --run 'exit 0' ||
+  fail "${AS_NOBODY[*]:-this user} cannot serve $tmp/pub/readable.img"
+no_leftovers "$before" "nbdkit serving readable.img"
+rc=0
+before=$(nbdkit_tmpdirs)
+rm -f "$tmp/pub/run/sock"
+"${AS_NOBODY[@]}" nbdkit -U "$tmp/pub/run/sock" "$NOBODY_PLUGIN" \
+                  "$tmp/pub/unreadable.img" --run 'exit 0' 2> "$tmp/err" ||
+  rc=$?
+cat "$tmp/err"
+no_leftovers "$before" "nbdkit plug unreadable.img"
+test $rc -ne 0
+grep "file=$tmp/pub/unreadable.img: open: Permission denied" "$tmp/err"
 
 # Unknown parameter.
 bad "unknown parameter 'foo'" "$good" foo=bar

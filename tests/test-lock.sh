@@ -124,8 +124,15 @@ grep -F "shared=perhaps" "$tmp/err"
 # nbdkit forks into the background after opening the files: the lock
 # must go with it.  A daemon is not our child, so its exit status cannot
 # be collected; it must go away on SIGTERM.
+# nbdkit returns at its fork; the child writes the pid file later (seen
+# missing at once): wait until it holds the pid.
 nbdkit -U "$tmp/daemon.sock" -P "$tmp/daemon.pid" "$PLUGIN" "$img"
+for ((i = 0; i < 300; ++i)); do
+  [ -s "$tmp/daemon.pid" ] && break
+  sleep 0.1
+done
 dpid=$(cat "$tmp/daemon.pid")
+test -n "$dpid"
 cleanup_fn kill -KILL "$dpid"
 refused "$img"
 kill -TERM "$dpid"
@@ -141,25 +148,20 @@ accepted 1048576 "$img"
 
 # A file that can only be opened read-only takes no lock, so two
 # servers may read it at once.  Root opens any file read-write: run
-# nbdkit as nobody then.
-as=()
-if [ "$(id -u)" -eq 0 ]; then
-  as=(setpriv --reuid=65534 --regid=65534 --clear-groups)
-fi
-mkdir "$tmp/pub"
-chmod 755 "$tmp"
+# nbdkit as nobody then, with its own copy of the plugin.
+as_nobody "$tmp/pub"
 chmod 777 "$tmp/pub"
 truncate -s 1M "$tmp/pub/ro.img"
 chmod 444 "$tmp/pub/ro.img"
 img=$(realpath "$tmp/pub/ro.img")
-"${as[@]}" nbdkit -f -U "$tmp/pub/ro.sock" -P "$tmp/pub/ro.pid" \
-           "$PLUGIN" "$img" &
+"${AS_NOBODY[@]}" nbdkit -f -U "$tmp/pub/ro.sock" -P "$tmp/pub/ro.pid" \
+                  "$NOBODY_PLUGIN" "$img" &
 pid=$!
 cleanup_fn kill -KILL $pid
 wait_for_file "$tmp/pub/ro.pid" 30
-"${as[@]}" nbdkit -U "$tmp/pub/ro2.sock" "$PLUGIN" "$img" \
-           --run "nbdinfo --can write \"\$uri\" || echo read-only" \
-           > "$tmp/ro.out"
+"${AS_NOBODY[@]}" nbdkit -U "$tmp/pub/ro2.sock" "$NOBODY_PLUGIN" "$img" \
+                  --run "nbdinfo --can write \"\$uri\" || echo read-only" \
+                  > "$tmp/ro.out"
 cat "$tmp/ro.out"
 grep '^read-only$' "$tmp/ro.out"
 stop $pid

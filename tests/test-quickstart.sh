@@ -14,7 +14,10 @@
 # /proc/*/fd agree), and it is the plug server; with --both a flushed
 # write through the socket reads back through TCP and the other way.
 # SIGTERM to quickstart.sh stops its servers: it exits 0 (the plug
-# server's status), and leaves no process, socket or pid file.
+# server's status), and leaves no process, socket or pid file.  Before
+# the first run the copy is configured as "quickstart.sh check" does it
+# (warnings as errors): serve configures it again without -Werror and
+# compiles every object again.
 source ./functions.sh
 set -e
 set -x
@@ -136,8 +139,32 @@ EOF
   test ! -e "$copy/work/proxy.pid"
 }
 
+# The copy as "./quickstart.sh check" leaves it: configured with
+# warnings as errors, the core built.  serve must configure it without
+# -Werror (a newer compiler's new warning must not stop a user who only
+# serves) and compile every object again: make alone would keep the
+# objects built with the old flags.
+( cd "$copy" && autoreconf -fi && ./configure --enable-gcc-warnings &&
+  make -C src ) > "$tmp/check-build.log" 2>&1 || {
+  tail -n 40 "$tmp/check-build.log"
+  fail "could not build the copy as quickstart.sh check does"
+}
+grep '^WARNINGS_CFLAGS = .*-Werror' "$copy/Makefile"
+test -n "$(find "$copy/src" -name '*.o')"
+touch "$tmp/before-serve"
+
 runs=0
 run --port=$port
+
+test "$(cd "$copy" && ./config.status --config)" = ""
+grep '^WARNINGS_CFLAGS = ' "$copy/Makefile"
+if grep -- '-Werror' "$copy/Makefile"; then
+  fail "quickstart.sh serve built with -Werror"
+fi
+stale=$(find "$copy/src" "$copy/plugin" -name '*.o' ! -newer "$tmp/before-serve")
+if [ -n "$stale" ]; then
+  fail "quickstart.sh serve kept objects built with -Werror: $stale"
+fi
 run --unix
 run --both --port=$port
 # The image is the one the first run made, and it kept the data.
