@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
+# Break-it reproducer (issue 31): THE RECORD holds acknowledged writes
+# that were lost.  A FUA write whose sync fails is answered with EIO
+# (its client knows), yet sync_failed records it as lost data like an
+# acknowledged one, so every later FLUSH, on every connection, fails
+# until the client writes that range again, although every write that
+# was acknowledged is on stable storage.  (A plain write that fails is
+# answered with its error and is not recorded: the two disagree.)
+#   1. FLUSH (the file's first sync: nothing is left unsynced).
+#   2. FUA write of 64 KiB at 0 whose fdatasync fails
+#      (shim-fdatasync, SHIM_SYNC_FAIL=1): answered EIO, as it must be.
+#   3. FLUSH on the same connection, and on a new one: nothing
+#      acknowledged was lost, both must succeed.
+# Run in writeback and hold mode.  Fails today (both modes, every run):
+# the FLUSHes fail with EIO until [0, 64 KiB) is written again.
+source ./functions.sh
+set -e
+set -x
+
+requires_python_nbd
+plug_tmpdir
+shim_sync=$abs_top_builddir/tests/.libs/shim-fdatasync.so
+test -f "$shim_sync" || fail "$shim_sync not built"
+
+cat > "$tmp/client.py" <<'PY'
+import nbd, sys
+uri, sfail, mode = sys.argv[1:4]
+K = 1024
+
+def answer(f):
+    try:
+        f()
+        return "ok"
+    except nbd.Error as e:
+        return e.string
+
+h = nbd.NBD()
+h.connect_uri(uri)
+h.flush()
+open(sfail, "w").write("1\n")
+fua = answer(lambda: h.pwrite(b"F" * (64 * K), 0, nbd.CMD_FLAG_FUA))
+if fua == "ok":
+    sys.exit("%s: the FUA write succeeded although its sync failed" % mode)
+same = answer(h.flush)
+g = nbd.NBD()
+g.connect_uri(uri)
+other = answer(g.flush)
+print("%s: FUA write: %s; FLUSH then: %s; on a new connection: %s"
+      % (mode, fua, same, other))
+if same != "ok" or other != "ok":
+    sys.exit("%s: FLUSH failed after a FUA write that was answered with "
+             "an error; no acknowledged write was lost" % mode)
+PY
+
+failed=()
+for mode in writeback hold; do
+  img=$tmp/$mode.img
+  truncate -s 4M "$img"
+  echo 0 > "$tmp/$mode.sfail"
+  SERVER_WRAP="env LD_PRELOAD=$shim_sync SHIM_SYNC_PATH=$img SHIM_SYNC_FAIL=$tmp/$mode.sfail" \
+    start_plug $mode file="$img" mode=$mode
+  timeout 60 /usr/bin/python3 "$tmp/client.py" "$(server_uri $mode)" \
+          "$tmp/$mode.sfail" $mode || failed+=($mode)
+  stop_server $mode
+done
+[ ${#failed[@]} -eq 0 ] || fail "FLUSH over-reported in: ${failed[*]}"
