@@ -53,10 +53,17 @@ struct op_list {
  * that last wrote it, [seq_lo, seq_hi]: an entry of a file's record of
  * lost data, or of its set of ranges written since a sync.
  */
+enum span_extent {
+  SPAN_EXACT,                   /* What its mutations wrote. */
+  SPAN_WIDENED,                 /* The hull of spans past SPAN_CAP: more
+                                 * than they wrote. */
+};
+
 struct span {
   uint64_t start, end;          /* Bytes [start, end) of the file. */
   uint64_t seq_lo, seq_hi;
   int err;                      /* The record: what a FLUSH answers. */
+  enum span_extent extent;
 };
 DEFINE_VECTOR_TYPE (span_vector, struct span)
 
@@ -574,6 +581,7 @@ span_hull (span_vector *v)
     h.seq_lo = MIN (h.seq_lo, v->ptr[i].seq_lo);
     h.seq_hi = MAX (h.seq_hi, v->ptr[i].seq_hi);
   }
+  h.extent = SPAN_WIDENED;
   v->ptr[0] = h;
   v->len = 1;
 }
@@ -591,7 +599,7 @@ span_add (span_vector *v, struct span sp)
 
   if (last && spans_touch (last, sp.start, sp.end) &&
       last->seq_lo == sp.seq_lo && last->seq_hi == sp.seq_hi &&
-      last->err == sp.err) {
+      last->err == sp.err && last->extent == sp.extent) {
     last->start = MIN (last->start, sp.start);
     last->end = MAX (last->end, sp.end);
     return false;
@@ -723,6 +731,31 @@ record_check_op (const struct engine *e, const struct eng_op *op)
   return 0;
 }
 
+/* A mutation whose client waited (FUA) is answered with an error: its
+ * data was not acknowledged, so no FLUSH answers for it (NBD: a FLUSH
+ * covers writes "for which a reply has already been sent" with
+ * success).  Its own spans, recorded when a sync failed after it was
+ * written, leave the record; what older writes lost there stays.
+ */
+static void
+record_forget_op (struct engine *e, const struct eng_op *op)
+{
+  size_t i, k;
+
+  for (i = 0; i < op->nr_pieces; ++i) {
+    span_vector *v = &e->files[op->pieces[i].backing].lost;
+
+    for (k = 0; k < v->len; )
+      if (v->ptr[k].extent == SPAN_EXACT && v->ptr[k].seq_lo == op->seq &&
+          v->ptr[k].seq_hi == op->seq) {
+        v->ptr[k] = v->ptr[--v->len];
+        e->nr_lost_spans--;
+      }
+      else
+        k++;
+  }
+}
+
 /* ---- SYNCS BELONG TO THE ENGINE: rounds of syncs ---- */
 
 static bool
@@ -767,6 +800,8 @@ sync_answer (struct engine *e, struct eng_op *op, struct eng_actions *out)
     break;
   default:
     err = op->err ? op->err : record_check_op (e, op);
+    if (err)
+      record_forget_op (e, op);
     break;
   }
   op_answer (op, err, out);
@@ -874,6 +909,23 @@ sync_failed (struct engine *e, uint32_t b, int err, uint64_t now)
            n == 1 ? "" : "s");
 }
 
+/* A sync succeeded: what it covered is on stable storage, and heals the
+ * losses it overwrote.  Only then: a FLUSH that covers a lost write,
+ * and not its rewrite, may succeed only if the rewrite, newer, is on
+ * the disk in its place.  A widened span heals nothing (it names more
+ * than was written).
+ */
+static void
+sync_healed (struct engine *e, uint32_t b)
+{
+  const span_vector *v = &e->files[b].syncing;
+  size_t i;
+
+  for (i = 0; i < v->len && e->files[b].lost.len > 0; ++i)
+    if (v->ptr[i].extent == SPAN_EXACT)
+      record_heal (e, b, v->ptr[i].start, v->ptr[i].end, v->ptr[i].seq_hi);
+}
+
 void
 engine_sync_done (struct engine *e, struct eng_sync *s, int err,
                   uint64_t now, struct eng_actions *out)
@@ -884,6 +936,8 @@ engine_sync_done (struct engine *e, struct eng_sync *s, int err,
   f->sync_state = SYNC_IDLE;
   if (err)
     sync_failed (e, s->backing, err, now);
+  else
+    sync_healed (e, s->backing);
   f->syncing.len = 0;
   if (--e->sync_pending == 0)
     round_done (e, now, out);
@@ -939,9 +993,10 @@ op_finish (struct engine *e, struct eng_op *op, uint64_t now,
 }
 
 /* Run r was written: its file needs a sync before a FLUSH may count on
- * it, and what it overwrote is no longer lost.  Each member counts with
- * its own sequence number: a loss newer than a member stays, and a sync
- * that fails records each member as the mutation it was.
+ * it, and once a sync covered it, what it overwrote is no longer lost
+ * (sync_healed).  Each member counts with its own sequence number: a
+ * loss newer than a member stays, and a sync that fails records each
+ * member as the mutation it was.
  */
 static void
 note_written (struct engine *e, const struct eng_run *r)
@@ -953,10 +1008,9 @@ note_written (struct engine *e, const struct eng_run *r)
     const struct plug_req *p = r->run->reqs[i];
     struct span sp = {
       .start = p->offset, .end = p->offset + p->count,
-      .seq_lo = p->seq, .seq_hi = p->seq,
+      .seq_lo = p->seq, .seq_hi = p->seq, .extent = SPAN_EXACT,
     };
 
-    record_heal (e, p->backing, sp.start, sp.end, p->seq);
     if (span_add (&f->written, sp))
       e->widened++;
   }
@@ -2159,6 +2213,11 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
      */
     if (f->inflight == 0)
       f->state = FILE_RUNNING;
+    /* The stretch of "not now" ends with its last run: the next one
+     * gets retry-timeout of its own.
+     */
+    if (f->inflight == 0 && f->nr_queued == 0)
+      retry_reset (&f->retry);
     return;
   }
   ready_push (f, r);

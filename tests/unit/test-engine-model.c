@@ -71,17 +71,25 @@ static struct mop *ops[MAX_OPS];
 static size_t nr_ops;
 static uint64_t disk[MAX_FILES][NR_SECTORS];    /* Seq last written. */
 
-/* THE RECORD as the model sees it, per sector: the oldest loss there
- * that no write since healed (0: none).  A write that succeeds over a
- * sector heals every loss there: by QUEUE ORDER it is newer than every
- * mutation of that sector that finished before it.
+/* THE RECORD as the model sees it, per sector: the sequence numbers of
+ * the losses there that nothing healed yet.  A write heals once a sync
+ * that covered it succeeded, the losses older than it (a loss recorded
+ * after it was written, of a newer mutation, stays).
  */
-static uint64_t lost_min[MAX_FILES][NR_SECTORS];
-/* Per sector, the oldest piece written since its file's sync in flight
- * began (wr_cur) and before it (wr_prev, what that sync covers, since
- * the last one began): what a failing sync loses.  0: none.
+#define MAX_SEQS 64
+struct seq_set {
+  unsigned n;
+  uint64_t seq[MAX_SEQS];
+};
+static struct seq_set lost[MAX_FILES][NR_SECTORS];
+/* Per sector, the pieces written since the file's sync in flight began
+ * (wr_cur) and before it (wr_prev: what that sync covers, since the one
+ * before began).  A failing sync loses them all; a sync that succeeds
+ * heals with the newest it covered (by QUEUE ORDER the pieces of a
+ * sector are written in sequence order).
  */
-static uint64_t wr_cur[MAX_FILES][NR_SECTORS], wr_prev[MAX_FILES][NR_SECTORS];
+static struct seq_set wr_cur[MAX_FILES][NR_SECTORS];
+static struct seq_set wr_prev[MAX_FILES][NR_SECTORS];
 static bool exact;              /* The engine never widened its spans. */
 static bool mode_writeback;
 static unsigned nr_files;
@@ -184,11 +192,88 @@ is_mutation (const struct mop *q)
     q->op.kind == ENG_TRIM;
 }
 
+/* Add seq to l; a set full to the model's bound makes it inexact. */
+static void
+seq_add (struct seq_set *l, uint64_t seq)
+{
+  if (l->n == MAX_SEQS) {
+    exact = false;
+    return;
+  }
+  l->seq[l->n++] = seq;
+}
+
 static void
 note_lost (uint32_t b, uint64_t sector, uint64_t seq)
 {
-  if (lost_min[b][sector] == 0 || seq < lost_min[b][sector])
-    lost_min[b][sector] = seq;
+  seq_add (&lost[b][sector], seq);
+}
+
+/* A piece newer than every loss before seq was synced over sector. */
+static void
+heal (uint32_t b, uint64_t sector, uint64_t seq)
+{
+  struct seq_set *l = &lost[b][sector];
+  unsigned i = 0;
+
+  while (i < l->n)
+    if (l->seq[i] < seq)
+      l->seq[i] = l->seq[--l->n];
+    else
+      i++;
+}
+
+/* A FUA mutation answered with an error: its own losses go (it was
+ * never acknowledged).
+ */
+static void
+forget (uint32_t b, uint64_t sector, uint64_t seq)
+{
+  struct seq_set *l = &lost[b][sector];
+  unsigned i = 0;
+
+  while (i < l->n)
+    if (l->seq[i] == seq)
+      l->seq[i] = l->seq[--l->n];
+    else
+      i++;
+}
+
+static bool
+lost_upto (uint32_t b, uint64_t sector, uint64_t horizon)
+{
+  const struct seq_set *l = &lost[b][sector];
+  unsigned i;
+
+  for (i = 0; i < l->n; ++i)
+    if (l->seq[i] <= horizon)
+      return true;
+  return false;
+}
+
+/* The oldest and the newest of l (0, 0: empty). */
+static uint64_t
+seq_min (const struct seq_set *l)
+{
+  uint64_t m = 0;
+  unsigned i;
+
+  for (i = 0; i < l->n; ++i)
+    if (m == 0 || l->seq[i] < m)
+      m = l->seq[i];
+  return m;
+}
+
+static uint64_t
+seq_max (const struct seq_set *l)
+{
+  uint64_t m = 0;
+  unsigned i;
+
+  for (i = 0; i < l->n; ++i)
+    if (l->seq[i] > m)
+      m = l->seq[i];
+  return m;
 }
 
 /* The model's answer for a FLUSH with this horizon, or a FUA mutation
@@ -203,7 +288,7 @@ model_lost (const struct mop *q, uint64_t horizon)
   if (q == NULL) {
     for (b = 0; b < nr_files; ++b)
       for (sct = 0; sct < NR_SECTORS; ++sct)
-        if (lost_min[b][sct] != 0 && lost_min[b][sct] <= horizon)
+        if (lost_upto (b, sct, horizon))
           return true;
     return false;
   }
@@ -212,8 +297,7 @@ model_lost (const struct mop *q, uint64_t horizon)
 
     for (sct = p->offset / SECTOR; sct < (p->offset + p->count) / SECTOR;
          ++sct)
-      if (lost_min[p->backing][sct] != 0 &&
-          lost_min[p->backing][sct] <= horizon)
+      if (lost_upto (p->backing, sct, horizon))
         return true;
   }
   return false;
@@ -232,10 +316,10 @@ check_synced (const struct mop *q)
 
   for (b = 0; b < nr_files; ++b)
     for (sct = 0; sct < NR_SECTORS; ++sct) {
-      uint64_t w = wr_cur[b][sct] ? wr_cur[b][sct] : wr_prev[b][sct];
+      uint64_t w = seq_min (&wr_cur[b][sct]), w2 = seq_min (&wr_prev[b][sct]);
 
-      if (wr_prev[b][sct] && wr_prev[b][sct] < w)
-        w = wr_prev[b][sct];
+      if (w == 0 || (w2 != 0 && w2 < w))
+        w = w2;
       if (w == 0 || w > upto)
         continue;
       for (k = 0; k < q->op.nr_pieces; ++k)
@@ -288,32 +372,65 @@ check_answer (const struct mop *q)
  * since the last look must find them finished, and answer what the
  * record says.
  */
+static int
+by_answer (const void *a, const void *b)
+{
+  unsigned long x = (*(struct mop *const *) a)->res.answer_no;
+  unsigned long y = (*(struct mop *const *) b)->res.answer_no;
+
+  return x < y ? -1 : x > y;
+}
+
+/* A FUA mutation answered with an error was never acknowledged: the
+ * engine forgets its own losses then (record_forget_op), and so does
+ * the model, before it looks at the answers given after it.
+ */
+static void
+forget_op (const struct mop *q)
+{
+  size_t k;
+  uint64_t sct;
+
+  for (k = 0; k < q->op.nr_pieces; ++k)
+    for (sct = q->piece[k].offset / SECTOR;
+         sct < (q->piece[k].offset + q->piece[k].count) / SECTOR; ++sct)
+      forget (q->piece[k].backing, sct, q->op.seq);
+}
+
 static void
 check_flushes (void)
 {
-  size_t i, j;
+  static struct mop *due[MAX_OPS];
+  size_t i, j, n = 0;
 
+  /* In the order they were answered: each answer saw the record as the
+   * ones before it left it.
+   */
   for (i = 0; i < nr_ops; ++i) {
     struct mop *f = ops[i];
 
     if (!f->res.answered || f->flush_checked)
       continue;
-    if (f->op.kind == ENG_WRITE || f->op.kind == ENG_ZERO ||
-        f->op.kind == ENG_TRIM) {
-      /* A FUA mutation answered after its sync; a fast zero's ENOTSUP
-       * is its own answer.
-       */
-      if ((f->op.flags & ENG_F_FUA) && !(f->op.flags & ENG_F_FAST) &&
-          f->op.seq != 0 && !f->op.told_ok) {
-        f->flush_checked = true;
-        check_answer (f);
-      }
+    /* A FUA mutation answered after its sync; a fast zero's ENOTSUP
+     * is its own answer.
+     */
+    if (f->op.kind == ENG_FLUSH ||
+        (is_mutation (f) && (f->op.flags & ENG_F_FUA) &&
+         !(f->op.flags & ENG_F_FAST) && f->op.seq != 0 && !f->op.told_ok)) {
+      f->flush_checked = true;
+      due[n++] = f;
+    }
+  }
+  qsort (due, n, sizeof due[0], by_answer);
+  for (i = 0; i < n; ++i) {
+    struct mop *f = due[i];
+
+    check_answer (f);
+    if (f->op.kind != ENG_FLUSH) {
+      if (f->res.err != 0)
+        forget_op (f);
       continue;
     }
-    if (f->op.kind != ENG_FLUSH)
-      continue;
-    f->flush_checked = true;
-    check_answer (f);
     for (j = 0; j < nr_ops; ++j) {
       const struct mop *q = ops[j];
 
@@ -372,9 +489,7 @@ complete_run (size_t i, int err)
                 " written over the newer %" PRIu64,
                 p->backing, s, q->op.seq, disk[p->backing][s]);
         disk[p->backing][s] = q->op.seq;
-        lost_min[p->backing][s] = 0;
-        if (wr_cur[p->backing][s] == 0 || q->op.seq < wr_cur[p->backing][s])
-          wr_cur[p->backing][s] = q->op.seq;
+        seq_add (&wr_cur[p->backing][s], q->op.seq);
       }
       q->written[p - q->piece] = true;
     }
@@ -403,15 +518,15 @@ model_sync_issued (uint32_t b)
   uint64_t sct;
 
   for (sct = 0; sct < NR_SECTORS; ++sct) {
-    if (wr_prev[b][sct] != 0)
+    if (wr_prev[b][sct].n != 0)
       fail ("file %" PRIu32 ": a sync issued while one is in flight", b);
     wr_prev[b][sct] = wr_cur[b][sct];
-    wr_cur[b][sct] = 0;
+    wr_cur[b][sct].n = 0;
   }
 }
 
 /* Complete in-flight sync i with err: a failure loses what it covered
- * and what was written since.
+ * and what was written since; a success heals with what it covered.
  */
 static void
 complete_model_sync (size_t i, int err)
@@ -422,11 +537,16 @@ complete_model_sync (size_t i, int err)
   if (verbose)
     printf ("# sync file %" PRIu32 " with %d\n", b, err);
   for (sct = 0; sct < NR_SECTORS; ++sct) {
-    if (err && wr_prev[b][sct])
-      note_lost (b, sct, wr_prev[b][sct]);
-    if (err && wr_cur[b][sct])
-      note_lost (b, sct, wr_cur[b][sct]);
-    wr_prev[b][sct] = 0;
+    const struct seq_set *sets[2] = { &wr_prev[b][sct], &wr_cur[b][sct] };
+    unsigned k, j;
+
+    if (err)
+      for (k = 0; k < 2; ++k)
+        for (j = 0; j < sets[k]->n; ++j)
+          note_lost (b, sct, sets[k]->seq[j]);
+    if (!err && wr_prev[b][sct].n)
+      heal (b, sct, seq_max (&wr_prev[b][sct]));
+    wr_prev[b][sct].n = 0;
   }
   complete_sync (i, err);
   check_flushes ();
@@ -632,7 +752,7 @@ run_seed (unsigned seed, unsigned steps)
   failures = 0;
   first_failure[0] = '\0';
   memset (disk, 0, sizeof disk);
-  memset (lost_min, 0, sizeof lost_min);
+  memset (lost, 0, sizeof lost);
   memset (wr_cur, 0, sizeof wr_cur);
   memset (wr_prev, 0, sizeof wr_prev);
   exact = true;

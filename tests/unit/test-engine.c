@@ -1686,6 +1686,130 @@ test_record_cap (void)
   free_all ();
 }
 
+/* A rewrite heals a loss once a sync covered it, not when it is
+ * written: a FLUSH that covers the lost write and not its rewrite (sent
+ * after the FLUSH), answered while the rewrite is written but not yet
+ * synced, must fail (a power loss then keeps neither).
+ */
+static void
+test_heal_after_sync (void)
+{
+  struct eng_conn *c;
+  struct req *f;
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  hold_syncs = true;
+  c = conn ();
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_sync (0, 0);                 /* The first round: every file. */
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));                /* W1 */
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (EIO);
+  ok (f->res.answered && f->res.err == EIO, "W1 lost: its FLUSH fails");
+  submit (c, mkreq (ENG_WRITE, 0, 1 << 20, 4096, 0));
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));               /* F */
+  complete_all (0);
+  ok (!f->res.answered && nr_syncs_inflight == 1, "F waits for its sync");
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));                /* W2 */
+  tick (10001 * MS);                    /* idle= unplugs W2. */
+  complete_all (0);
+  complete_sync (0, 0);
+  ok (f->res.answered && f->res.err == EIO,
+      "W2 rewrote W1's range during F's sync: F still fails (W2 is not "
+      "synced, W1 is lost)");
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (!f->res.answered && nr_syncs_inflight == 1, "the next FLUSH syncs W2");
+  complete_sync (0, 0);
+  ok (f->res.answered && f->res.err == 0, "and succeeds: W2 healed W1");
+  hold_syncs = false;
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
+/* A FUA write whose sync failed is answered with the error: it was not
+ * acknowledged, so it is not in the record, but an acknowledged write
+ * the same sync covered is.
+ */
+static void
+test_fua_error_not_recorded (void)
+{
+  struct eng_conn *c;
+  struct req *w, *f;
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  hold_syncs = true;
+  c = conn ();
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_sync (0, 0);
+  w = submit (c, mkreq (ENG_WRITE, 0, 0, 4096, ENG_F_FUA));
+  complete_all (0);
+  complete_sync (0, EIO);
+  ok (w->res.answered && w->res.err == EIO, "the FUA write fails");
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (f->res.answered && f->res.err == 0,
+      "a FLUSH after it succeeds: nothing acknowledged was lost");
+  submit (c, mkreq (ENG_WRITE, 0, 1 << 20, 4096, 0));
+  tick (10001 * MS);
+  complete_all (0);
+  w = submit (c, mkreq (ENG_WRITE, 0, 0, 4096, ENG_F_FUA));
+  complete_all (0);
+  complete_sync (0, EIO);
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (w->res.err == EIO && f->res.answered && f->res.err == EIO,
+      "with an acknowledged write in the same failed sync, the FLUSH "
+      "fails");
+  hold_syncs = false;
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
+/* The "not now" clock measures one stretch of refusals: after a run was
+ * given up and the file had nothing left, a later refusal starts a
+ * retry-timeout of its own.
+ */
+static void
+test_retry_clock_restarts (void)
+{
+  struct eng_conn *c;
+  struct eng_counts n;
+  struct req *f;
+  int guard = 0;
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  c = conn ();
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  while (guard++ < 1000) {
+    uint64_t d;
+
+    complete_all (EAGAIN);
+    d = engine_next_deadline (e);
+    if (f->res.answered || d == UINT64_MAX)
+      break;
+    tick (d - now);
+  }
+  engine_counts (e, &n);
+  ok (f->res.answered && f->res.err == EIO && n.lost == 1,
+      "refused for retry-timeout: the write is given up");
+  tick (3000 * MS);
+  submit (c, mkreq (ENG_WRITE, 0, 1 << 20, 4096, 0));
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (EAGAIN);
+  engine_counts (e, &n);
+  ok (n.lost == 1 && n.queued == 1,
+      "3 s later, one refusal of a new write: it is kept for a retry");
+  tick (engine_next_deadline (e) - now);
+  complete_all (0);
+  engine_counts (e, &n);
+  ok (f->res.answered && n.lost == 1 && n.unfinished == 0,
+      "and written at the retry");
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
 int
 main (void)
 {
@@ -1727,6 +1851,9 @@ main (void)
   test_sync_failure ();
   test_sync_fua_hold_exit ();
   test_record_cap ();
+  test_heal_after_sync ();
+  test_fua_error_not_recorded ();
+  test_retry_clock_restarts ();
   ok (order_violations == 0, "no test saw a run issued over an "
       "overlapping run in flight (%u)", order_violations);
   ok (deadline_misses == 0, "no deadline came nearer unannounced: a timer "

@@ -2,27 +2,25 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Copyright the nbdplug authors (see LICENSE).
 
-# Break-it reproducer (issue 31): THE RECORD holds acknowledged writes
-# that were lost.  A FUA write whose sync fails is answered with EIO
-# (its client knows), yet sync_failed records it as lost data like an
-# acknowledged one, so every later FLUSH, on every connection, fails
-# until the client writes that range again, although every write that
-# was acknowledged is on stable storage.  (A plain write that fails is
-# answered with its error and is not recorded: the two disagree.)
+# THE RECORD holds acknowledged writes that were lost, and only those.
+# A FUA write whose sync fails is answered with EIO (its client knows):
+# it is not acknowledged, so it leaves the record (record_forget_op),
+# as a plain write answered with its error never enters it.
 #   1. FLUSH (the file's first sync: nothing is left unsynced).
 #   2. FUA write of 64 KiB at 0 whose fdatasync fails
-#      (shim-fdatasync, SHIM_SYNC_FAIL=1): answered EIO, as it must be.
+#      (shim-sync-snapshot, SHIM_SYNC_FAIL=1): answered EIO, as it must be.
 #   3. FLUSH on the same connection, and on a new one: nothing
 #      acknowledged was lost, both must succeed.
-# Run in writeback and hold mode.  Fails today (both modes, every run):
-# the FLUSHes fail with EIO until [0, 64 KiB) is written again.
+# Run in writeback and hold mode.  Shown able to fail: with the FUA
+# write's own range kept in the record, the FLUSHes fail with EIO until
+# [0, 64 KiB) is written again (both modes, every run).
 source ./functions.sh
 set -e
 set -x
 
 requires_python_nbd
 plug_tmpdir
-shim_sync=$abs_top_builddir/tests/.libs/shim-fdatasync.so
+shim_sync=$abs_top_builddir/tests/.libs/shim-sync-snapshot.so
 test -f "$shim_sync" || fail "$shim_sync not built"
 
 cat > "$tmp/client.py" <<'PY'

@@ -2,7 +2,7 @@
  * Copyright the nbdplug authors (see LICENSE).
  */
 
-/* shim-fdatasync.so: an LD_PRELOAD shim for the break-it tests that
+/* shim-sync-snapshot.so: an LD_PRELOAD shim for the record tests that
  * controls fdatasync and fsync of one file, SHIM_SYNC_PATH (compared
  * through readlink of /proc/self/fd/N with its realpath):
  *   SHIM_SYNC_FAIL=F     F holds a number N; while N > 0 each sync

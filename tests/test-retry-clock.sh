@@ -2,12 +2,11 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Copyright the nbdplug authors (see LICENSE).
 
-# Break-it reproducer (issue 31): "not now" (EAGAIN) may drop an
-# acknowledged write only after the file refused for retry-timeout.
-# The file's retry clock (f->retry.since_ns) is reset only by a
-# successful run, so once the engine gave up on a file, the NEXT "not
-# now" on it, however much later, gives up at once: one 50 ms EAGAIN
-# drops an acknowledged write.
+# "Not now" (EAGAIN) may drop an acknowledged write only after the file
+# refused for retry-timeout without a success in between.  The file's
+# retry clock measures one stretch of refusals: it starts again after a
+# give-up that left the file with nothing queued or in flight, so a
+# later short refusal is retried, not given up at once.
 #   writeback, direct=never, idle=10ms, retry-timeout=1s; every write to
 #   the file fails with EAGAIN while SHIM_CONTROL says "fail"
 #   (shim-pwritev, SHIM_ERRNO=11).
@@ -17,7 +16,8 @@
 #   3. the file refuses for 50 ms while write B (64 KiB at 1 MiB) goes
 #      out; then accepts.  The retries (retry-delay=3ms) must write B.
 #   4. clean disconnect, server exit; B must be in the file.
-# Fails today (3/3 runs): B is given up on at its first EAGAIN.
+# Shown able to fail: with the clock reset by successes only, B is given
+# up on at its first EAGAIN (3/3 runs).
 source ./functions.sh
 set -e
 set -x
