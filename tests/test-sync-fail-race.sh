@@ -145,6 +145,7 @@ SERVER_WRAP=$wrap start_plug race file="$img" direct=never idle=10s \
 rc=0
 timeout 120 /usr/bin/python3 "$tmp/client.py" "$(server_uri race)" "$img" \
         "$tmp/ctl" "$tmp/calls" || rc=$?
+echo ok > "$tmp/ctl"            # A failed client may have left a sync held.
 server_running race
 stop_server race
 cat "$(server_log race)"
