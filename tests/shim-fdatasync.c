@@ -17,6 +17,8 @@
  *              syncing anything;
  *   fail-once  the first call of the process that sees it fails as
  *              "fail" does; every other call is real.
+ * A control file read while it is rewritten in place may read empty,
+ * which means "ok": replace it instead (write another file, rename).
  * Each call on SHIM_PATH counts one in SHIM_COUNT (a file of one
  * decimal number, rewritten as the call starts, before any wait) if
  * set; each failure counts one in SHIM_FAILED the same way.  Other

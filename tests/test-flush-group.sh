@@ -43,7 +43,7 @@ test -f "$SHIM_FDATASYNC" || fail "$SHIM_FDATASYNC not built"
 plug_tmpdir
 
 cat > "$tmp/client.py" <<'EOF'
-import json, nbd, plugtest, sys, threading, time
+import json, nbd, os, plugtest, sys, threading, time
 uri, img, control, count, statsfile, out = sys.argv[1:7]
 N = 4
 K = 1024
@@ -61,6 +61,13 @@ def number(path):
         return int(open(path).read() or 0)
     except (OSError, ValueError):
         return 0
+
+def set_control(word):
+    """The shim's control file, replaced at once: a file read while it
+    is rewritten in place would read as empty, which means "ok"."""
+    with open(control + ".tmp", "w") as f:
+        f.write(word + "\n")
+    os.rename(control + ".tmp", control)
 
 def wait_until(what, cond, handles):
     for _ in range(3000):               # 30 s: a hang, not a duration.
@@ -99,7 +106,7 @@ for i, h in enumerate(hs):
         bad.append("group: connection %d's FLUSH was answered while the "
                    "sync was held" % i)
 held = number(count)
-open(control, "w").write("ok\n")
+set_control("ok")
 pending = set(range(N))
 while pending:
     for i in list(pending):

@@ -58,6 +58,13 @@ def number(path):
     except (OSError, ValueError):
         return 0
 
+def set_control(word):
+    """The shim's control file, replaced at once: a file read while it
+    is rewritten in place would read as empty, which means "ok"."""
+    with open(control + ".tmp", "w") as f:
+        f.write(word + "\n")
+    os.rename(control + ".tmp", control)
+
 def wait_until(what, cond, handles):
     for _ in range(3000):               # 30 s: a hang, not a duration.
         if cond():
@@ -105,7 +112,7 @@ for i, (h, c) in enumerate(((h1, c1), (h2, c2)), 1):
         bad.append("connection %d's FLUSH was answered while the sync "
                    "was held" % i)
 print("syncs entered while held: %d" % number(count))
-open(control, "w").write("fail-once\n")
+set_control("fail-once")
 for i, (h, c) in enumerate(((h1, c1), (h2, c2)), 1):
     got = outcome(h, c)
     print("connection %d, FLUSH in the race: %s" % (i, got))
