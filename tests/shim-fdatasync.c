@@ -17,6 +17,10 @@
  *              syncing anything;
  *   fail-once  the first call of the process that sees it fails as
  *              "fail" does; every other call is real.
+ * SHIM_DELAY_US=N (decimal microseconds) makes every real sync of
+ * SHIM_PATH sleep N us first, one sync at a time (a mutex held over the
+ * sleep and the call), as a disk that flushes its cache in N us, one
+ * flush command after the other, would (bench/flush-group.sh).
  * A control file read while it is rewritten in place may read empty,
  * which means "ok": replace it instead (write another file, rename).
  * Each call on SHIM_PATH counts one in SHIM_COUNT (a file of one
@@ -54,7 +58,9 @@ static char target[PATH_MAX];
 static bool have_target;
 static const char *control, *count_file, *failed_file;
 static int fail_errno = EIO;
+static unsigned long delay_us;          /* SHIM_DELAY_US */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t delay_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long calls, failures;
 static bool failed_once;
 
@@ -68,6 +74,8 @@ init (void)
     have_target = true;
   if ((s = getenv ("SHIM_ERRNO")) != NULL)
     fail_errno = atoi (s);
+  if ((s = getenv ("SHIM_DELAY_US")) != NULL)
+    delay_us = strtoul (s, NULL, 10);
   control = getenv ("SHIM_CONTROL");
   count_file = getenv ("SHIM_COUNT");
   failed_file = getenv ("SHIM_FAILED");
@@ -184,6 +192,23 @@ must_fail (int fd)
   return fail;
 }
 
+/* The real sync, after SHIM_DELAY_US if set (one at a time then). */
+static int
+real_sync (const char *name, int fd)
+{
+  int r;
+
+  if (delay_us == 0 || !is_target (fd))
+    return ((int (*) (int)) real (name)) (fd);
+  pthread_mutex_lock (&delay_lock);
+  nanosleep (&(struct timespec) { .tv_sec = delay_us / 1000000,
+                                  .tv_nsec = delay_us % 1000000 * 1000 },
+             NULL);
+  r = ((int (*) (int)) real (name)) (fd);
+  pthread_mutex_unlock (&delay_lock);
+  return r;
+}
+
 int
 fdatasync (int fd)
 {
@@ -191,7 +216,7 @@ fdatasync (int fd)
     errno = fail_errno;
     return -1;
   }
-  return ((int (*) (int)) real ("fdatasync")) (fd);
+  return real_sync ("fdatasync", fd);
 }
 
 int
@@ -201,5 +226,5 @@ fsync (int fd)
     errno = fail_errno;
     return -1;
   }
-  return ((int (*) (int)) real ("fsync")) (fd);
+  return real_sync ("fsync", fd);
 }
