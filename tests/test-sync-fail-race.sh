@@ -26,7 +26,9 @@
 #     lost too); it writes "B" at 1 MiB again: its FLUSH and connection
 #     1's succeed, and the file holds the rewrites;
 #  5. the shim failed exactly one sync; the server exits with status 0.
-# Order and counts only, no duration: a sleep makes the race likely.
+# Order and counts only, no duration: a sleep (0.5 s) lets the engine
+# see connection 2's write finish, microseconds after its data is in
+# the file, before the held sync fails.
 # Able to fail: with the plugin of commit 65665af (each FLUSH worker
 # syncs for itself, one deferred error) both FLUSHes' syncs are held
 # and exactly one of them fails: the other FLUSH succeeds.
@@ -105,7 +107,10 @@ h2.pwrite(b"b" * (4 * K), M)
 c2 = h2.aio_flush()
 wait_until("connection 2's block is in the file",
            lambda: in_file(M, 4 * K) == b"b" * (4 * K), [h1, h2])
-time.sleep(0.2)                         # Let its FLUSH wait for a sync.
+# Let the engine see that write finish (microseconds after its data is
+# in the file) before the held sync fails: step 4 counts on "b" being
+# written during that sync.
+time.sleep(0.5)
 for i, (h, c) in enumerate(((h1, c1), (h2, c2)), 1):
     h.poll(0)
     if h.aio_in_flight() == 0:
