@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
+# A failed write is reported by every FLUSH (THE RECORD), not by the
+# first one only: NBD's FLUSH promises that every write answered before
+# it is on stable storage, and an acknowledged write that failed never
+# will be, until it is written again.
+# tests/shim-pwritev.so makes writes to [0, 4096) of the backing file
+# fail with EIO while its control file says "fail"; writeback mode, the
+# write held (direct=never idle=10s max-delay=60s):
+#  1. connection 1 writes 4 KiB of "A" at 0 (acknowledged), then sends
+#     two FLUSHes at once (pipelined): both fail with EIO;
+#  2. connection 2, opened afterwards, sends a FLUSH: it fails with EIO;
+#  3. the range heals (control "ok"); connection 2 writes 4 KiB of "Z"
+#     at 0 (succeeds), and its next FLUSH succeeds, and so does one on
+#     connection 1; the file holds "Z" at 0 (read directly) and the
+#     connections read it back;
+#  4. the server exits with status 0 on SIGTERM.
+# Able to fail: the plugin of commit 65665af (one deferred error) fails
+# only the first of the two pipelined FLUSHes.
+source ./functions.sh
+set -e
+set -x
+
+requires_python_nbd
+test -f "$SHIM_PWRITEV" || fail "$SHIM_PWRITEV not built"
+
+plug_tmpdir
+
+cat > "$tmp/client.py" <<'EOF'
+import errno, nbd, sys
+uri, img, control = sys.argv[1:4]
+K = 1024
+bad = []
+
+def outcome(e):
+    return "EIO" if e is not None and e.errnum == errno.EIO else repr(e)
+
+def flush(h, what, expect):
+    """FLUSH on h; expect "EIO" or "ok"."""
+    try:
+        h.flush()
+        got = "ok"
+    except nbd.Error as e:
+        got = outcome(e)
+    print("%s: %s" % (what, got))
+    if got != expect:
+        bad.append("%s: %s, expected %s" % (what, got, expect))
+
+h1 = nbd.NBD()
+h1.connect_uri(uri)
+h1.pwrite(b"A" * (4 * K), 0)              # Acknowledged, held.
+
+# 1. Two pipelined FLUSHes.
+cookies = [h1.aio_flush(), h1.aio_flush()]
+while h1.aio_in_flight() > 0:
+    h1.poll(-1)
+for i, c in enumerate(cookies, 1):
+    try:
+        h1.aio_command_completed(c)
+        got = "ok"
+    except nbd.Error as e:
+        got = outcome(e)
+    print("connection 1, pipelined FLUSH %d: %s" % (i, got))
+    if got != "EIO":
+        bad.append("connection 1's pipelined FLUSH %d: %s, expected EIO "
+                   "(the write it covers failed)" % (i, got))
+
+# 2. A connection opened afterwards.
+h2 = nbd.NBD()
+h2.connect_uri(uri)
+flush(h2, "connection 2 (opened after the failure), FLUSH", "EIO")
+
+# 3. Heal, write again, FLUSH.
+open(control, "w").write("ok\n")
+h2.pwrite(b"Z" * (4 * K), 0)
+flush(h2, "connection 2, FLUSH after the range was written again", "ok")
+flush(h1, "connection 1, FLUSH after the range was written again", "ok")
+with open(img, "rb") as f:
+    if f.read(4 * K) != b"Z" * (4 * K):
+        bad.append("the file does not hold the rewrite at 0")
+for i, h in ((1, h1), (2, h2)):
+    if h.pread(4 * K, 0) != b"Z" * (4 * K):
+        bad.append("connection %d does not read the rewrite at 0" % i)
+h1.shutdown()
+h2.shutdown()
+if bad:
+    sys.exit("\n".join(bad))
+print("every FLUSH told the truth")
+EOF
+
+img=$tmp/disk.img
+truncate -s 4M "$img"
+echo fail > "$tmp/ctl"
+wrap="env LD_PRELOAD=$SHIM_PWRITEV SHIM_PATH=$img SHIM_CONTROL=$tmp/ctl"
+wrap+=" SHIM_FAIL_LO=0 SHIM_FAIL_HI=4096 SHIM_ERRNO=5" # EIO
+wrap+=" SHIM_COUNT=$tmp/shim-count"
+SERVER_WRAP=$wrap start_plug record file="$img" direct=never idle=10s max-delay=60s
+rc=0
+timeout 60 /usr/bin/python3 "$tmp/client.py" "$(server_uri record)" "$img" \
+        "$tmp/ctl" || rc=$?
+server_running record
+stop_server record
+echo "shim failures: $(cat "$tmp/shim-count" 2>/dev/null || echo 0)"
+cat "$(server_log record)"
+[ $rc -eq 0 ] || fail "see the client's messages above"
