@@ -1103,6 +1103,13 @@ batch_add (struct remote *r, struct eng_run *run, int err)
  */
 #define CONN_FILL 16
 
+/* May a command be sent on c? */
+static bool
+conn_usable (const struct rconn *c)
+{
+  return c->state == RCONN_READY && !c->broken;
+}
+
 /* The first usable connection with room below CONN_FILL, else the one
  * with the fewest commands in flight.
  */
@@ -1115,7 +1122,7 @@ pick_conn (struct remote *r)
   for (i = 0; i < r->info.nr_conns; ++i) {
     struct rconn *c = &r->conns[i];
 
-    if (c->state != RCONN_READY || c->broken)
+    if (!conn_usable (c))
       continue;
     if (c->nr_inflight < CONN_FILL)
       return c;
@@ -1138,7 +1145,7 @@ pick_flush_conn (struct remote *r)
   for (i = 0; i < r->info.nr_conns; ++i) {
     struct rconn *c = &r->conns[i];
 
-    if (c->state != RCONN_READY || c->broken)
+    if (!conn_usable (c))
       continue;
     if (best == NULL || c->up_since < best->up_since)
       best = c;

@@ -529,28 +529,49 @@ is_bad (const struct op *p)
  * near the bad range can be lost: the zone, the hull of the bad
  * mutations sent so far.
  */
+/* Every connection's operations sent before event done_ev, each
+ * connection's in history order.
+ */
+struct sent_iter {
+  unsigned k;
+  uint64_t i, n, done_ev;
+};
+
+static const struct op *
+sent_next (struct sent_iter *it)
+{
+  for (;;) {
+    const struct op *p;
+    uint64_t sent;
+
+    if (it->i == it->n) {
+      if (it->k == nr_conns)
+        return NULL;
+      it->n = __atomic_load_n (&conns[it->k++].nr_gen, __ATOMIC_ACQUIRE);
+      it->i = 0;
+      continue;
+    }
+    p = &conns[it->k - 1].hist[it->i++];
+    sent = __atomic_load_n (&p->sent_ev, __ATOMIC_ACQUIRE);
+    if (sent != 0 && sent <= it->done_ev)
+      return p;
+  }
+}
+
 static void
 check_flush_answer (struct conn *c, const struct op *fl, uint64_t done_ev)
 {
-  uint64_t zlo = UINT64_MAX, zhi = 0, i, b;
+  uint64_t zlo = UINT64_MAX, zhi = 0, b;
   uint8_t *lost, *amb;
   bool must_fail = false, any_lost = false, amb_bad = false;
-  unsigned k;
+  struct sent_iter it = { .done_ev = done_ev };
+  const struct op *p;
 
-  for (k = 0; k < nr_conns; ++k) {
-    const struct conn *o = &conns[k];
-    uint64_t n = __atomic_load_n (&o->nr_gen, __ATOMIC_ACQUIRE);
-
-    for (i = 0; i < n; ++i) {
-      const struct op *p = &o->hist[i];
-      uint64_t sent = __atomic_load_n (&p->sent_ev, __ATOMIC_ACQUIRE);
-
-      if (sent == 0 || sent > done_ev || !is_bad (p))
-        continue;
+  while ((p = sent_next (&it)) != NULL)
+    if (is_bad (p)) {
       zlo = p->offset < zlo ? p->offset : zlo;
       zhi = p->offset + p->count > zhi ? p->offset + p->count : zhi;
     }
-  }
   c->st.flush_checked++;
   if (zhi == 0) {
     c->st.flush_must_succeed++;
@@ -568,32 +589,26 @@ check_flush_answer (struct conn *c, const struct op *fl, uint64_t done_ev)
     perror ("calloc");
     exit (EXIT_FAILURE);
   }
-  for (k = 0; k < nr_conns; ++k) {
-    const struct conn *o = &conns[k];
-    uint64_t n = __atomic_load_n (&o->nr_gen, __ATOMIC_ACQUIRE);
+  it = (struct sent_iter) { .done_ev = done_ev };
+  while ((p = sent_next (&it)) != NULL) {
+    uint64_t acked = __atomic_load_n (&p->acked_ev, __ATOMIC_ACQUIRE);
+    uint64_t lo, hi;
+    bool ok;
 
-    for (i = 0; i < n; ++i) {
-      const struct op *p = &o->hist[i];
-      uint64_t sent = __atomic_load_n (&p->sent_ev, __ATOMIC_ACQUIRE);
-      uint64_t acked = __atomic_load_n (&p->acked_ev, __ATOMIC_ACQUIRE);
-      uint64_t lo, hi;
-      bool ok;
-
-      if (sent == 0 || sent > done_ev || !is_mutation (p) ||
-          !ranges_overlap (p->offset, p->count, zlo, zhi - zlo))
-        continue;
-      lo = p->offset > zlo ? p->offset : zlo;
-      hi = p->offset + p->count < zhi ? p->offset + p->count : zhi;
-      ok = acked != 0 && p->state == ST_DONE;
-      if (acked != 0 && acked < fl->sent_ev) {
-        /* Covered: a success decides, a failure told its client. */
-        if (ok)
-          memset (&lost[lo - zlo], is_bad (p), hi - lo);
-      }
-      else if (!(acked != 0 && !ok)) {
-        memset (&amb[lo - zlo], 1, hi - lo);
-        amb_bad |= is_bad (p);
-      }
+    if (!is_mutation (p) ||
+        !ranges_overlap (p->offset, p->count, zlo, zhi - zlo))
+      continue;
+    lo = p->offset > zlo ? p->offset : zlo;
+    hi = p->offset + p->count < zhi ? p->offset + p->count : zhi;
+    ok = acked != 0 && p->state == ST_DONE;
+    if (acked != 0 && acked < fl->sent_ev) {
+      /* Covered: a success decides, a failure told its client. */
+      if (ok)
+        memset (&lost[lo - zlo], is_bad (p), hi - lo);
+    }
+    else if (!(acked != 0 && !ok)) {
+      memset (&amb[lo - zlo], 1, hi - lo);
+      amb_bad |= is_bad (p);
     }
   }
   for (b = 0; b < zhi - zlo; ++b) {

@@ -541,6 +541,25 @@ test_bad_pieces_refused (void)
 /* Two adjacent writes at [0, 8K) on file 0, then a FLUSH that sends
  * them out (merged into one run); returns the FLUSH.
  */
+/* An op over two files (the pieces of a concatenated layout): len
+ * bytes at 65536 of file 0 (4096 for a zero, whose op count stays
+ * len) and len bytes at 0 of file 1.
+ */
+static struct req *
+mkreq_across (enum eng_kind kind, uint64_t len, uint32_t flags)
+{
+  struct req *q = mkreq (kind, 0, kind == ENG_ZERO ? 4096 : 65536, len,
+                         flags);
+
+  if (kind == ENG_WRITE)
+    q->op.count = q->op.bytes = 2 * len;
+  q->op.nr_pieces = 2;
+  q->piece[1] = q->piece[0];
+  q->piece[1].backing = 1;
+  q->piece[1].offset = 0;
+  return q;
+}
+
 /* Write [off, off+len) of file b again on c, successfully, and FLUSH:
  * returns the FLUSH, answered.
  */
@@ -677,11 +696,7 @@ test_fast_zero (void)
 
   e = make (ENG_WRITEBACK, 64, 4 << 20, 2);
   c = conn ();
-  q = mkreq (ENG_ZERO, 0, 4096, 8192, ENG_F_FAST);
-  q->op.nr_pieces = 2;
-  q->piece[1] = q->piece[0];
-  q->piece[1].backing = 1;
-  q->piece[1].offset = 0;
+  q = mkreq_across (ENG_ZERO, 8192, ENG_F_FAST);
   z = submit (c, q);
   ok (z->res.answered && z->res.err == ENOTSUP && nr_inflight == 0,
       "a fast zero across files is refused before anything is issued");
@@ -1083,12 +1098,7 @@ test_write_across_files_one_piece_fails (void)
     e = make (ENG_WRITEBACK, 64, 4 << 20, 2);
     memset (&stats, 0, sizeof stats);
     c = conn ();
-    q = mkreq (ENG_WRITE, 0, 65536, 4096, 0);
-    q->op.count = q->op.bytes = 8192;
-    q->op.nr_pieces = 2;
-    q->piece[1] = q->piece[0];
-    q->piece[1].backing = 1;
-    q->piece[1].offset = 0;
+    q = mkreq_across (ENG_WRITE, 4096, 0);
     q = submit (c, q);
     f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
     ok (q->op.acked && nr_inflight == 2,
@@ -1105,12 +1115,7 @@ test_write_across_files_one_piece_fails (void)
     f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
     ok (f->res.answered && f->res.err == cases[i].want,
         "case %zu: every FLUSH", i);
-    q = mkreq (ENG_WRITE, 0, 65536, 4096, 0);
-    q->op.count = q->op.bytes = 8192;
-    q->op.nr_pieces = 2;
-    q->piece[1] = q->piece[0];
-    q->piece[1].backing = 1;
-    q->piece[1].offset = 0;
+    q = mkreq_across (ENG_WRITE, 4096, 0);
     submit (c, q);
     f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
     complete_all (0);
