@@ -120,6 +120,9 @@ struct eng_file {
   span_vector written;          /* Written since the last sync began. */
   span_vector syncing;          /* Written before the sync in flight
                                  * began: what it covers. */
+  span_vector heals;            /* Of written, the writes over a range
+                                 * then lost: they heal it once synced. */
+  span_vector heals_syncing;    /* Of syncing, the same. */
   enum sync_state sync_state;
   struct eng_sync sync;         /* The action, while SYNC_INFLIGHT. */
 };
@@ -433,7 +436,9 @@ engine_new (const struct eng_config *cfg)
      */
     if (span_vector_reserve (&f->lost, SPAN_CAP) == -1 ||
         span_vector_reserve (&f->written, SPAN_CAP) == -1 ||
-        span_vector_reserve (&f->syncing, SPAN_CAP) == -1) {
+        span_vector_reserve (&f->syncing, SPAN_CAP) == -1 ||
+        span_vector_reserve (&f->heals, SPAN_CAP) == -1 ||
+        span_vector_reserve (&f->heals_syncing, SPAN_CAP) == -1) {
       engine_free (e);
       return NULL;
     }
@@ -476,6 +481,8 @@ engine_free (struct engine *e)
     span_vector_reset (&f->lost);
     span_vector_reset (&f->written);
     span_vector_reset (&f->syncing);
+    span_vector_reset (&f->heals);
+    span_vector_reset (&f->heals_syncing);
   }
   free (e->files);
   free (e);
@@ -828,10 +835,14 @@ start_round (struct engine *e, struct plug_stats *stats, uint64_t now,
 
     if (!needs_sync (f))
       continue;
-    assert (f->sync_state != SYNC_INFLIGHT && f->syncing.len == 0);
+    assert (f->sync_state != SYNC_INFLIGHT && f->syncing.len == 0 &&
+            f->heals_syncing.len == 0);
     t = f->syncing;
     f->syncing = f->written;
     f->written = t;
+    t = f->heals_syncing;
+    f->heals_syncing = f->heals;
+    f->heals = t;
     f->sync_state = SYNC_INFLIGHT;
     f->sync.backing = b;
     f->sync.next = NULL;
@@ -903,22 +914,26 @@ sync_failed (struct engine *e, uint32_t b, int err, uint64_t now)
       record_lost (e, b, sp);
       n++;
     }
+  /* The rewrites it covered, and those written since, are lost too:
+   * they heal nothing.
+   */
+  f->heals.len = 0;
   eng_log (e, 0, "file=%s: sync failed: %s: %zu range%s written since "
            "the last successful sync recorded as lost",
            file_name (e, b, buf, sizeof buf), strerror (err), n,
            n == 1 ? "" : "s");
 }
 
-/* A sync succeeded: what it covered is on stable storage, and heals the
- * losses it overwrote.  Only then: a FLUSH that covers a lost write,
- * and not its rewrite, may succeed only if the rewrite, newer, is on
- * the disk in its place.  A widened span heals nothing (it names more
- * than was written).
+/* A sync succeeded: what it covered is on stable storage, and the
+ * rewrites among it heal the losses they overwrote.  Only then: a FLUSH
+ * that covers a lost write, and not its rewrite, may succeed only if
+ * the rewrite, newer, is on the disk in its place.  A widened span
+ * heals nothing (it names more than was written).
  */
 static void
 sync_healed (struct engine *e, uint32_t b)
 {
-  const span_vector *v = &e->files[b].syncing;
+  const span_vector *v = &e->files[b].heals_syncing;
   size_t i;
 
   for (i = 0; i < v->len && e->files[b].lost.len > 0; ++i)
@@ -939,6 +954,7 @@ engine_sync_done (struct engine *e, struct eng_sync *s, int err,
   else
     sync_healed (e, s->backing);
   f->syncing.len = 0;
+  f->heals_syncing.len = 0;
   if (--e->sync_pending == 0)
     round_done (e, now, out);
   check_waiters (e, now, out);
@@ -992,11 +1008,26 @@ op_finish (struct engine *e, struct eng_op *op, uint64_t now,
   op_release (op, out);
 }
 
+/* Does [start, end) of file f overlap a recorded loss? */
+static bool
+overlaps_lost (const struct eng_file *f, uint64_t start, uint64_t end)
+{
+  size_t i;
+
+  for (i = 0; i < f->lost.len; ++i)
+    if (f->lost.ptr[i].start < end && start < f->lost.ptr[i].end)
+      return true;
+  return false;
+}
+
 /* Run r was written: its file needs a sync before a FLUSH may count on
- * it, and once a sync covered it, what it overwrote is no longer lost
- * (sync_healed).  Each member counts with its own sequence number: a
- * loss newer than a member stays, and a sync that fails records each
- * member as the mutation it was.
+ * it.  A member over a recorded loss is a rewrite: once a sync covered
+ * it, what it overwrote is no longer lost (sync_healed).  Each member
+ * counts with its own sequence number: a loss newer than a member
+ * stays, and a sync that fails records each member as the mutation it
+ * was.  The rewrites are kept apart from the written set, which a busy
+ * client fills to its cap: a rewrite among thousands of writes heals
+ * all the same.
  */
 static void
 note_written (struct engine *e, const struct eng_run *r)
@@ -1012,6 +1043,9 @@ note_written (struct engine *e, const struct eng_run *r)
     };
 
     if (span_add (&f->written, sp))
+      e->widened++;
+    if (f->lost.len > 0 && overlaps_lost (f, sp.start, sp.end) &&
+        span_add (&f->heals, sp))
       e->widened++;
   }
 }
@@ -2213,11 +2247,6 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
      */
     if (f->inflight == 0)
       f->state = FILE_RUNNING;
-    /* The stretch of "not now" ends with its last run: the next one
-     * gets retry-timeout of its own.
-     */
-    if (f->inflight == 0 && f->nr_queued == 0)
-      retry_reset (&f->retry);
     return;
   }
   ready_push (f, r);
@@ -2283,6 +2312,11 @@ engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
     }
     run_finish (e, r, err, now, out);
   }
+  /* A stretch of "not now" ends when its file has nothing left, given
+   * up or failed: the next refusal gets a retry-timeout of its own.
+   */
+  if (f->inflight == 0 && f->nr_queued == 0)
+    retry_reset (&f->retry);
   queue_dispatch (e, b, now, false, out);
   if (e->cfg.mode == ENG_HOLD && c->nr_runs == 0)
     pace_drained (e, c, now, out);

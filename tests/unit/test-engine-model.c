@@ -84,12 +84,16 @@ struct seq_set {
 static struct seq_set lost[MAX_FILES][NR_SECTORS];
 /* Per sector, the pieces written since the file's sync in flight began
  * (wr_cur) and before it (wr_prev: what that sync covers, since the one
- * before began).  A failing sync loses them all; a sync that succeeds
- * heals with the newest it covered (by QUEUE ORDER the pieces of a
- * sector are written in sequence order).
+ * before began): a failing sync loses them all.  Of those, the ones
+ * written over a loss (heal_cur, heal_prev) are rewrites: a sync that
+ * succeeds heals with the newest it covered (by QUEUE ORDER the pieces
+ * of a sector are written in sequence order), and a failing one makes
+ * them all heal nothing.
  */
 static struct seq_set wr_cur[MAX_FILES][NR_SECTORS];
 static struct seq_set wr_prev[MAX_FILES][NR_SECTORS];
+static struct seq_set heal_cur[MAX_FILES][NR_SECTORS];
+static struct seq_set heal_prev[MAX_FILES][NR_SECTORS];
 static bool exact;              /* The engine never widened its spans. */
 static bool mode_writeback;
 static unsigned nr_files;
@@ -490,6 +494,8 @@ complete_run (size_t i, int err)
                 p->backing, s, q->op.seq, disk[p->backing][s]);
         disk[p->backing][s] = q->op.seq;
         seq_add (&wr_cur[p->backing][s], q->op.seq);
+        if (lost[p->backing][s].n > 0)
+          seq_add (&heal_cur[p->backing][s], q->op.seq);
       }
       q->written[p - q->piece] = true;
     }
@@ -522,6 +528,8 @@ model_sync_issued (uint32_t b)
       fail ("file %" PRIu32 ": a sync issued while one is in flight", b);
     wr_prev[b][sct] = wr_cur[b][sct];
     wr_cur[b][sct].n = 0;
+    heal_prev[b][sct] = heal_cur[b][sct];
+    heal_cur[b][sct].n = 0;
   }
 }
 
@@ -544,9 +552,12 @@ complete_model_sync (size_t i, int err)
       for (k = 0; k < 2; ++k)
         for (j = 0; j < sets[k]->n; ++j)
           note_lost (b, sct, sets[k]->seq[j]);
-    if (!err && wr_prev[b][sct].n)
-      heal (b, sct, seq_max (&wr_prev[b][sct]));
+    if (!err && heal_prev[b][sct].n)
+      heal (b, sct, seq_max (&heal_prev[b][sct]));
+    if (err)
+      heal_cur[b][sct].n = 0;
     wr_prev[b][sct].n = 0;
+    heal_prev[b][sct].n = 0;
   }
   complete_sync (i, err);
   check_flushes ();
@@ -755,6 +766,8 @@ run_seed (unsigned seed, unsigned steps)
   memset (lost, 0, sizeof lost);
   memset (wr_cur, 0, sizeof wr_cur);
   memset (wr_prev, 0, sizeof wr_prev);
+  memset (heal_cur, 0, sizeof heal_cur);
+  memset (heal_prev, 0, sizeof heal_prev);
   exact = true;
   hold_syncs = true;
   sync_issued = model_sync_issued;

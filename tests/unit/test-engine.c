@@ -1815,6 +1815,105 @@ test_retry_clock_restarts (void)
   free_all ();
 }
 
+/* A write that a failed sync recorded as lost heals nothing: the older
+ * loss under it stays through the next successful sync.
+ */
+static void
+test_lost_rewrite_heals_nothing (void)
+{
+  struct eng_conn *c;
+  struct req *f;
+
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  hold_syncs = true;
+  c = conn ();
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_sync (0, 0);
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));                /* A */
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (0);
+  ok (nr_syncs_inflight == 1, "A's sync in flight");
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));                /* B over A */
+  tick (10001 * MS);
+  complete_all (0);
+  complete_sync (0, EIO);               /* Loses A, and B written since. */
+  ok (f->res.answered && f->res.err == EIO, "the sync fails: A is lost");
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  ok (nr_syncs_inflight == 1, "the next FLUSH syncs B's file again");
+  complete_sync (0, 0);
+  ok (f->res.answered && f->res.err == EIO,
+      "it succeeds, but B, recorded lost, heals nothing: A stays lost");
+  f = rewrite_and_flush (c, 0, 0, 4096);
+  complete_sync (0, 0);
+  ok (f->res.answered && f->res.err == 0, "a rewrite synced heals both");
+  hold_syncs = false;
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
+/* A rewrite heals among more writes than the written set keeps: the
+ * rewrites of lost ranges are kept apart.
+ */
+static void
+test_heal_among_many_writes (void)
+{
+  struct eng_conn *c;
+  struct eng_counts n;
+  struct req *f;
+  unsigned i;
+
+  e = make (ENG_WRITEBACK, 64, 16 << 20, 1);
+  c = conn ();
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (EIO);
+  ok (f->res.err == EIO, "a loss at 0");
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  for (i = 1; i <= 300; ++i)
+    submit (c, mkreq (ENG_WRITE, 0, (uint64_t) i * 8192, 512, 0));
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (0);
+  engine_counts (e, &n);
+  ok (f->res.answered && f->res.err == 0 && n.widened >= 1,
+      "the rewrite and 300 gapped writes (the written set widened): the "
+      "FLUSH succeeds");
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
+/* A stretch of "not now" that ends in a real error ends the clock too. */
+static void
+test_retry_clock_after_error (void)
+{
+  struct eng_conn *c;
+  struct eng_counts n;
+  struct req *w;
+
+  e = make (ENG_HOLD, 64, 4 << 20, 1);
+  c = conn ();
+  w = submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
+  tick (10001 * MS);
+  complete_all (EAGAIN);
+  tick (engine_next_deadline (e) - now);
+  complete_all (EIO);
+  ok (w->res.answered && w->res.err == EIO, "refused, then failed");
+  tick (3000 * MS);
+  w = submit (c, mkreq (ENG_WRITE, 0, 1 << 20, 4096, 0));
+  tick (10001 * MS);
+  complete_all (EAGAIN);
+  engine_counts (e, &n);
+  ok (!w->res.answered && n.queued == 1,
+      "3 s later a refusal is kept for a retry, not given up");
+  tick (engine_next_deadline (e) - now);
+  complete_all (0);
+  ok (w->res.answered && w->res.err == 0, "and written");
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
 int
 main (void)
 {
@@ -1859,6 +1958,9 @@ main (void)
   test_heal_after_sync ();
   test_fua_error_not_recorded ();
   test_retry_clock_restarts ();
+  test_lost_rewrite_heals_nothing ();
+  test_heal_among_many_writes ();
+  test_retry_clock_after_error ();
   ok (order_violations == 0, "no test saw a run issued over an "
       "overlapping run in flight (%u)", order_violations);
   ok (deadline_misses == 0, "no deadline came nearer unannounced: a timer "
