@@ -864,12 +864,13 @@ note_answered (struct remote *r, struct rconn *c, const struct rcmd *cmd)
     unflushed_cover (r, c, cmd->flush_epoch);
 }
 
-/* c died: what it answered and no FLUSH covered may be gone from the
- * server.  Record it as failed writes, and count the loss: a FLUSH
- * requested before it cannot cover it (flush_saw_loss).
+/* What c answered and no FLUSH covered may be gone from the server
+ * (event says why: c died, or the server's own sync failed).  Record
+ * it as failed writes, and count the loss: a FLUSH requested before it
+ * cannot cover it (flush_saw_loss).
  */
 static void
-record_lost (struct remote *r, struct rconn *c, const char *why)
+record_lost (struct remote *r, struct rconn *c, const char *event)
 {
   struct glue_lost lost[UNFLUSHED_MAX];
   uint64_t lo = UINT64_MAX, hi = 0;
@@ -895,13 +896,12 @@ record_lost (struct remote *r, struct rconn *c, const char *why)
   }
   glue_record_lost (lost, n, EIO);
   __atomic_add_fetch (&r->losses, 1, __ATOMIC_SEQ_CST);
-  nbdkit_error ("file=%s: connection %u lost (%s) with writes the server "
-                "had answered and no FLUSH had covered: %u range%s in [%"
-                PRIu64 ", %" PRIu64 ")%s may be gone from it (a server "
-                "that restarted from what it had synced): recorded as "
+  nbdkit_error ("file=%s: connection %u: %s, with writes the server had "
+                "answered and no FLUSH had covered: %u range%s in [%"
+                PRIu64 ", %" PRIu64 ")%s may be gone from it: recorded as "
                 "failed writes, FLUSH fails with EIO until they are "
-                "written again", r->uri, c->idx, why, n, n == 1 ? "" : "s",
-                lo, hi, wide);
+                "written again", r->uri, c->idx, event, n,
+                n == 1 ? "" : "s", lo, hi, wide);
   for (i = 0; i < n; ++i)
     nbdkit_debug ("file=%s: connection %u: may be lost: [%" PRIu64 ", %"
                   PRIu64 "), mutations %" PRIu64 " to %" PRIu64,
@@ -999,6 +999,25 @@ done_push (struct remote *r, struct rcmd *cmd)
   r->done_tail = &cmd->next;
 }
 
+/* A write the server was asked to make durable (NBD's FUA) failed with
+ * a real error: its own sync may be what failed, and a Linux server
+ * reports a writeback error to one sync of the file only, so what it
+ * answered unflushed on any connection may be gone although its next
+ * FLUSH succeeds (the plugin assumes the same of its own files:
+ * engine.c, sync_failed).  The write's own client is told the error.
+ */
+static void
+fua_failed (struct remote *r, const struct rcmd *cmd)
+{
+  char event[128];
+  unsigned i;
+
+  snprintf (event, sizeof event, "a FUA write failed on the server (%s)",
+            strerror (cmd->err));
+  for (i = 0; i < r->info.nr_conns; ++i)
+    record_lost (r, &r->conns[i], event);
+}
+
 /* Every NBD command of cmd was answered (or died). */
 static void
 cmd_finished (struct remote *r, struct rcmd *cmd)
@@ -1006,6 +1025,10 @@ cmd_finished (struct remote *r, struct rcmd *cmd)
   if (cmd->conn) {
     if (cmd->err == 0 && !cmd->died)
       note_answered (r, cmd->conn, cmd);
+    else if (cmd->kind == RC_RUN && cmd->err != 0 && !cmd->died &&
+             (cmd->flags & LIBNBD_CMD_FLAG_FUA) &&
+             !retry_is_transient (cmd->err))
+      fua_failed (r, cmd);
     conn_list_remove (cmd->conn, cmd);
     cmd->conn = NULL;
   }
@@ -1426,8 +1449,12 @@ conn_lost (struct remote *r, struct rconn *c, const char *why)
   struct rcmd *cmd;
 
   if (c->state == RCONN_READY) {
+    char event[256];
+
     /* First: a FLUSH that comes after the line below fails. */
-    record_lost (r, c, why);
+    snprintf (event, sizeof event, "lost (%s; a server that restarted "
+              "from what it had synced)", why);
+    record_lost (r, c, event);
     __atomic_sub_fetch (&r->nr_ready, 1, __ATOMIC_SEQ_CST);
     if (!r->outage_logged && !r->stopping)
       nbdkit_error ("file=%s: connection lost (%s): reconnecting; writes "
