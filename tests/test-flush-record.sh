@@ -29,24 +29,11 @@ test -f "$SHIM_PWRITEV" || fail "$SHIM_PWRITEV not built"
 plug_tmpdir
 
 cat > "$tmp/client.py" <<'EOF'
-import errno, nbd, sys
+import nbd, sys
+from plugtest import answer, check_flush, in_file
 uri, img, control = sys.argv[1:4]
 K = 1024
 bad = []
-
-def outcome(e):
-    return "EIO" if e is not None and e.errnum == errno.EIO else repr(e)
-
-def flush(h, what, expect):
-    """FLUSH on h; expect "EIO" or "ok"."""
-    try:
-        h.flush()
-        got = "ok"
-    except nbd.Error as e:
-        got = outcome(e)
-    print("%s: %s" % (what, got))
-    if got != expect:
-        bad.append("%s: %s, expected %s" % (what, got, expect))
 
 h1 = nbd.NBD()
 h1.connect_uri(uri)
@@ -54,14 +41,8 @@ h1.pwrite(b"A" * (4 * K), 0)              # Acknowledged, held.
 
 # 1. Two pipelined FLUSHes.
 cookies = [h1.aio_flush(), h1.aio_flush()]
-while h1.aio_in_flight() > 0:
-    h1.poll(-1)
 for i, c in enumerate(cookies, 1):
-    try:
-        h1.aio_command_completed(c)
-        got = "ok"
-    except nbd.Error as e:
-        got = outcome(e)
+    got = answer(h1, c)
     print("connection 1, pipelined FLUSH %d: %s" % (i, got))
     if got != "EIO":
         bad.append("connection 1's pipelined FLUSH %d: %s, expected EIO "
@@ -70,16 +51,18 @@ for i, c in enumerate(cookies, 1):
 # 2. A connection opened afterwards.
 h2 = nbd.NBD()
 h2.connect_uri(uri)
-flush(h2, "connection 2 (opened after the failure), FLUSH", "EIO")
+check_flush(h2, "connection 2 (opened after the failure), FLUSH", "EIO",
+            bad)
 
 # 3. Heal, write again, FLUSH.
 open(control, "w").write("ok\n")
 h2.pwrite(b"Z" * (4 * K), 0)
-flush(h2, "connection 2, FLUSH after the range was written again", "ok")
-flush(h1, "connection 1, FLUSH after the range was written again", "ok")
-with open(img, "rb") as f:
-    if f.read(4 * K) != b"Z" * (4 * K):
-        bad.append("the file does not hold the rewrite at 0")
+check_flush(h2, "connection 2, FLUSH after the range was written again", "ok",
+            bad)
+check_flush(h1, "connection 1, FLUSH after the range was written again", "ok",
+            bad)
+if in_file(img, 0, 4 * K) != b"Z" * (4 * K):
+    bad.append("the file does not hold the rewrite at 0")
 for i, h in ((1, h1), (2, h2)):
     if h.pread(4 * K, 0) != b"Z" * (4 * K):
         bad.append("connection %d does not read the rewrite at 0" % i)
