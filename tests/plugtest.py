@@ -173,3 +173,11 @@ def check_flush(h, what, expect, bad):
     print("%s: %s" % (what, got))
     if got != expect:
         bad.append("%s: %s, expected %s" % (what, got, expect))
+
+
+def verdict(bad, success):
+    """Exit with the list bad's messages, one a line, if there are any;
+    else print success."""
+    if bad:
+        sys.exit("\n".join(bad))
+    print(success)

@@ -178,11 +178,8 @@ wrap+=" env LD_PRELOAD=$SHIM_FDATASYNC SHIM_PATH=$img SHIM_CONTROL=$tmp/ctl"
 wrap+=" SHIM_COUNT=$tmp/calls"
 SERVER_WRAP=$wrap start_plug group file="$img" direct=never idle=10s \
                              max-delay=60s statsfile="$tmp/stats.json"
-rc=0
-timeout 300 /usr/bin/python3 "$tmp/client.py" "$(server_uri group)" "$img" \
-        "$tmp/ctl" "$tmp/calls" "$tmp/stats.json" "$tmp/events.json" || rc=$?
+run_client group 300 "$tmp/client.py" "$img" "$tmp/ctl" "$tmp/calls" \
+           "$tmp/stats.json" "$tmp/events.json"
 echo ok > "$tmp/ctl"            # A failed client may have left a sync held.
-server_running group
-stop_server group
-[ $rc -eq 0 ] || fail "see the client's messages above"
+end_client group
 /usr/bin/python3 "$tmp/check.py" "$tmp/st" "$img" "$tmp/events.json" 4

@@ -29,7 +29,7 @@ test -f "$SHIM_PWRITEV" || fail "$SHIM_PWRITEV not built"
 plug_tmpdir
 
 cat > "$tmp/client.py" <<'EOF'
-import nbd, sys
+import nbd, plugtest, sys
 from plugtest import answer, check_flush, in_file
 uri, img, control = sys.argv[1:4]
 K = 1024
@@ -68,9 +68,7 @@ for i, h in ((1, h1), (2, h2)):
         bad.append("connection %d does not read the rewrite at 0" % i)
 h1.shutdown()
 h2.shutdown()
-if bad:
-    sys.exit("\n".join(bad))
-print("every FLUSH told the truth")
+plugtest.verdict(bad, "every FLUSH told the truth")
 EOF
 
 img=$tmp/disk.img
@@ -80,11 +78,7 @@ wrap="env LD_PRELOAD=$SHIM_PWRITEV SHIM_PATH=$img SHIM_CONTROL=$tmp/ctl"
 wrap+=" SHIM_FAIL_LO=0 SHIM_FAIL_HI=4096 SHIM_ERRNO=5" # EIO
 wrap+=" SHIM_COUNT=$tmp/shim-count"
 SERVER_WRAP=$wrap start_plug record file="$img" direct=never idle=10s max-delay=60s
-rc=0
-timeout 60 /usr/bin/python3 "$tmp/client.py" "$(server_uri record)" "$img" \
-        "$tmp/ctl" || rc=$?
-server_running record
-stop_server record
+run_client record 60 "$tmp/client.py" "$img" "$tmp/ctl"
+end_client record
 echo "shim failures: $(cat "$tmp/shim-count" 2>/dev/null || echo 0)"
 cat "$(server_log record)"
-[ $rc -eq 0 ] || fail "see the client's messages above"

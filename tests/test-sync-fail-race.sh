@@ -42,7 +42,7 @@ test -f "$SHIM_FDATASYNC" || fail "$SHIM_FDATASYNC not built"
 plug_tmpdir
 
 cat > "$tmp/client.py" <<'EOF'
-import nbd, sys, time
+import nbd, plugtest, sys, time
 from plugtest import answer, check_flush, in_file, number, set_control, \
     wait_until
 uri, img, control, count = sys.argv[1:5]
@@ -100,9 +100,7 @@ if (in_file(img, 0, 4 * K) != b"A" * (4 * K) or
     bad.append("the file does not hold the rewrites")
 for h in (h1, h2, h3):
     h.shutdown()
-if bad:
-    sys.exit("\n".join(bad))
-print("every FLUSH told the truth")
+plugtest.verdict(bad, "every FLUSH told the truth")
 EOF
 
 img=$tmp/disk.img
@@ -112,15 +110,11 @@ wrap="env LD_PRELOAD=$SHIM_FDATASYNC SHIM_PATH=$img SHIM_CONTROL=$tmp/ctl"
 wrap+=" SHIM_ERRNO=5 SHIM_COUNT=$tmp/calls SHIM_FAILED=$tmp/failed" # EIO
 SERVER_WRAP=$wrap start_plug race file="$img" direct=never idle=10s \
                              max-delay=60s
-rc=0
-timeout 120 /usr/bin/python3 "$tmp/client.py" "$(server_uri race)" "$img" \
-        "$tmp/ctl" "$tmp/calls" || rc=$?
+run_client race 120 "$tmp/client.py" "$img" "$tmp/ctl" "$tmp/calls"
 echo ok > "$tmp/ctl"            # A failed client may have left a sync held.
-server_running race
-stop_server race
+end_client race
 cat "$(server_log race)"
 calls=$(cat "$tmp/calls" 2>/dev/null || echo 0)
 failed=$(cat "$tmp/failed" 2>/dev/null || echo 0)
 echo "syncs of the backing file: $calls, failed: $failed"
-[ $rc -eq 0 ] || fail "see the client's messages above"
 [ "$failed" -eq 1 ] || fail "the shim failed $failed syncs, expected 1"
