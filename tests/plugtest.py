@@ -166,13 +166,18 @@ def answer(h, cookie):
     return outcome(lambda: h.aio_command_completed(cookie))
 
 
-def check_flush(h, what, expect, bad):
-    """FLUSH on h, expecting outcome expect ("ok" or "EIO"): prints
-    what it got, and appends to the list bad if not expect."""
-    got = outcome(h.flush)
+def check(bad, what, got, expect, why=None):
+    """Print what got, an outcome; append to the list bad if it is not
+    expect, saying why expect (if given)."""
     print("%s: %s" % (what, got))
     if got != expect:
-        bad.append("%s: %s, expected %s" % (what, got, expect))
+        bad.append("%s: %s, expected %s%s"
+                   % (what, got, expect, " (%s)" % why if why else ""))
+
+
+def check_flush(h, what, expect, bad):
+    """FLUSH on h, expecting outcome expect ("ok" or "EIO"): check."""
+    check(bad, what, outcome(h.flush), expect)
 
 
 def verdict(bad, success):

@@ -30,7 +30,7 @@ plug_tmpdir
 
 cat > "$tmp/client.py" <<'EOF'
 import nbd, plugtest, sys
-from plugtest import answer, check_flush, in_file
+from plugtest import answer, check, check_flush, in_file
 uri, img, control = sys.argv[1:4]
 K = 1024
 bad = []
@@ -42,11 +42,8 @@ h1.pwrite(b"A" * (4 * K), 0)              # Acknowledged, held.
 # 1. Two pipelined FLUSHes.
 cookies = [h1.aio_flush(), h1.aio_flush()]
 for i, c in enumerate(cookies, 1):
-    got = answer(h1, c)
-    print("connection 1, pipelined FLUSH %d: %s" % (i, got))
-    if got != "EIO":
-        bad.append("connection 1's pipelined FLUSH %d: %s, expected EIO "
-                   "(the write it covers failed)" % (i, got))
+    check(bad, "connection 1, pipelined FLUSH %d" % i, answer(h1, c), "EIO",
+          "the write it covers failed")
 
 # 2. A connection opened afterwards.
 h2 = nbd.NBD()

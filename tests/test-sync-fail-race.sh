@@ -43,8 +43,8 @@ plug_tmpdir
 
 cat > "$tmp/client.py" <<'EOF'
 import nbd, plugtest, sys, time
-from plugtest import answer, check_flush, in_file, number, set_control, \
-    wait_until
+from plugtest import answer, check, check_flush, in_file, number, \
+    set_control, wait_until
 uri, img, control, count = sys.argv[1:5]
 K = 1024
 M = 1024 * K
@@ -74,11 +74,8 @@ for i, (h, c) in enumerate(((h1, c1), (h2, c2)), 1):
 print("syncs entered while held: %d" % number(count))
 set_control(control, "fail-once")
 for i, (h, c) in enumerate(((h1, c1), (h2, c2)), 1):
-    got = answer(h, c)
-    print("connection %d, FLUSH in the race: %s" % (i, got))
-    if got != "EIO":
-        bad.append("connection %d's FLUSH in the race: %s, expected EIO "
-                   "(a sync covering its horizon failed)" % (i, got))
+    check(bad, "connection %d, FLUSH in the race" % i, answer(h, c), "EIO",
+          "a sync covering its horizon failed")
 
 # 3. Later FLUSHes.
 h3 = nbd.NBD()
