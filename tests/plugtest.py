@@ -7,6 +7,7 @@ functions.sh puts this directory on PYTHONPATH, so a client written to
 $tmp by a test says "import plugtest".
 """
 
+import errno
 import glob
 import json
 import os
@@ -109,3 +110,79 @@ def check_reads(bufs, img):
         off = _read_offset(i)
         assert b.to_bytearray() == data[off:off + 4096], "read %d differs" % i
 
+
+
+def in_file(img, off, n):
+    """n bytes at off of file img, read directly (not through NBD)."""
+    with open(img, "rb") as f:
+        f.seek(off)
+        return f.read(n)
+
+
+def number(path):
+    """The number in a shim's count file; 0 while there is none (or it
+    is being rewritten)."""
+    try:
+        return int(open(path).read() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def set_control(control, word):
+    """Replace a shim's control file at once: a file read while it is
+    rewritten in place would read as empty, which means "ok"."""
+    with open(control + ".tmp", "w") as f:
+        f.write(word + "\n")
+    os.rename(control + ".tmp", control)
+
+
+def wait_until(what, cond, handles):
+    """Wait until cond() is true, polling the handles meanwhile; exit
+    with a message after 30 s (a hang, not a duration)."""
+    for _ in range(3000):
+        if cond():
+            return
+        for h in handles:
+            h.poll(0)
+        time.sleep(0.01)
+    sys.exit("timed out waiting until %s" % what)
+
+
+def outcome(f):
+    """f(), an NBD command: "ok", "EIO", or the repr of another
+    nbd.Error."""
+    try:
+        f()
+        return "ok"
+    except nbd.Error as e:
+        return "EIO" if e.errnum == errno.EIO else repr(e)
+
+
+def answer(h, cookie):
+    """The outcome of the asynchronous command cookie on h, once h has
+    no command in flight."""
+    while h.aio_in_flight() > 0:
+        h.poll(-1)
+    return outcome(lambda: h.aio_command_completed(cookie))
+
+
+def check(bad, what, got, expect, why=None):
+    """Print what got, an outcome; append to the list bad if it is not
+    expect, saying why expect (if given)."""
+    print("%s: %s" % (what, got))
+    if got != expect:
+        bad.append("%s: %s, expected %s%s"
+                   % (what, got, expect, " (%s)" % why if why else ""))
+
+
+def check_flush(h, what, expect, bad):
+    """FLUSH on h, expecting outcome expect ("ok" or "EIO"): check."""
+    check(bad, what, outcome(h.flush), expect)
+
+
+def verdict(bad, success):
+    """Exit with the list bad's messages, one a line, if there are any;
+    else print success."""
+    if bad:
+        sys.exit("\n".join(bad))
+    print(success)

@@ -4,12 +4,13 @@
 
 /* shim-fdatasync.so: an LD_PRELOAD shim for the tests that makes the
  * syncs of one file slow or failing, as a disk whose cache flush is
- * slow, or whose writeback failed, would.
+ * slow, or whose writeback failed, would, and can record what each
+ * sync made durable.
  *
  * fdatasync and fsync of the file SHIM_PATH (compared through readlink
  * of /proc/self/fd/N with SHIM_PATH's realpath) obey the first word of
- * the file SHIM_CONTROL, re-read at every call (no SHIM_CONTROL, or no
- * such file: "ok"):
+ * the control file, re-read at every call: SHIM_SYNC_CONTROL if set,
+ * else SHIM_CONTROL (none, or no such file: "ok"):
  *   ok         the real call;
  *   hold       the call waits, re-reading the file every 10 ms, until
  *              it says something else, then obeys that;
@@ -17,12 +18,24 @@
  *              syncing anything;
  *   fail-once  the first call of the process that sees it fails as
  *              "fail" does; every other call is real.
- * SHIM_DELAY_US=N (decimal microseconds) makes every real sync of
- * SHIM_PATH sleep N us first, one sync at a time (a mutex held over the
- * sleep and the call), as a disk that flushes its cache in N us, one
- * flush command after the other, would (bench/flush-group.sh).
+ * SHIM_SYNC_CONTROL is for a test that preloads shim-pwritev.so too:
+ * that shim's control file is SHIM_CONTROL, and both read SHIM_PATH,
+ * SHIM_ERRNO and SHIM_COUNT (set SHIM_COUNT for one of them only).
  * A control file read while it is rewritten in place may read empty,
  * which means "ok": replace it instead (write another file, rename).
+ *
+ * SHIM_DELAY_US=N (decimal microseconds) makes every sync of SHIM_PATH,
+ * real or failing, take N us more (a sleep before the call or the
+ * failure), one sync at a time (a mutex held over the sleep and the
+ * call), as a disk that flushes its cache in N us, one flush command
+ * after the other, would (bench/flush-group.sh, test-heal-after-sync.sh).
+ *
+ * SHIM_DURABLE=P: at the start of each sync that will succeed (after
+ * any hold, before the delay), the file's contents are copied to P
+ * (through P.tmp and rename; blocks of zeroes left as holes): what is on
+ * stable storage at the latest once that sync returns, i.e. what a
+ * power loss right after it keeps.
+ *
  * Each call on SHIM_PATH counts one in SHIM_COUNT (a file of one
  * decimal number, rewritten as the call starts, before any wait) if
  * set; each failure counts one in SHIM_FAILED the same way.  Other
@@ -30,20 +43,21 @@
  *
  * Usage: LD_PRELOAD=.../shim-fdatasync.so SHIM_PATH=disk.img
  *        SHIM_CONTROL=ctl SHIM_COUNT=calls nbdkit ...
+ *        LD_PRELOAD=.../shim-pwritev.so:.../shim-fdatasync.so
+ *        SHIM_PATH=disk.img SHIM_CONTROL=wctl SHIM_SYNC_CONTROL=sctl
+ *        SHIM_DELAY_US=1000000 SHIM_DURABLE=durable.img nbdkit ...
  */
 
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
+
+#include "shim-common.h"
 
 /* What the control file says. */
 enum verdict {
@@ -54,13 +68,13 @@ enum verdict {
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-static char target[PATH_MAX];
-static bool have_target;
-static const char *control, *count_file, *failed_file;
+static struct shim_target target;       /* SHIM_PATH */
+static const char *control, *count_file, *failed_file, *durable;
 static int fail_errno = EIO;
 static unsigned long delay_us;          /* SHIM_DELAY_US */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t delay_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t snapshot_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long calls, failures;
 static bool failed_once;
 
@@ -69,90 +83,33 @@ init (void)
 {
   const char *s;
 
-  s = getenv ("SHIM_PATH");
-  if (s && realpath (s, target) != NULL)
-    have_target = true;
+  shim_target_init (&target, "SHIM_PATH");
   if ((s = getenv ("SHIM_ERRNO")) != NULL)
     fail_errno = atoi (s);
   if ((s = getenv ("SHIM_DELAY_US")) != NULL)
     delay_us = strtoul (s, NULL, 10);
-  control = getenv ("SHIM_CONTROL");
+  control = getenv ("SHIM_SYNC_CONTROL");
+  if (control == NULL)
+    control = getenv ("SHIM_CONTROL");
   count_file = getenv ("SHIM_COUNT");
   failed_file = getenv ("SHIM_FAILED");
-}
-
-static void *
-real (const char *name)
-{
-  void *f = dlsym (RTLD_NEXT, name);
-
-  if (f == NULL) {
-    fprintf (stderr, "shim-fdatasync: dlsym %s: %s\n", name, dlerror ());
-    abort ();
-  }
-  return f;
-}
-
-static bool
-is_target (int fd)
-{
-  char link[64], path[PATH_MAX];
-  ssize_t n;
-
-  if (!have_target)
-    return false;
-  snprintf (link, sizeof link, "/proc/self/fd/%d", fd);
-  n = readlink (link, path, sizeof path - 1);
-  if (n <= 0)
-    return false;
-  path[n] = 0;
-  return strcmp (path, target) == 0;
+  durable = getenv ("SHIM_DURABLE");
 }
 
 static enum verdict
 read_control (void)
 {
-  char buf[32];
-  ssize_t n;
-  int fd;
+  char word[32];
 
-  if (control == NULL)
+  if (control == NULL || !shim_read_word (control, word, sizeof word))
     return V_OK;
-  fd = open (control, O_RDONLY | O_CLOEXEC);
-  if (fd == -1)
-    return V_OK;
-  n = read (fd, buf, sizeof buf - 1);
-  close (fd);
-  if (n <= 0)
-    return V_OK;
-  buf[n] = 0;
-  buf[strcspn (buf, " \t\n")] = 0;
-  if (strcmp (buf, "hold") == 0)
+  if (strcmp (word, "hold") == 0)
     return V_HOLD;
-  if (strcmp (buf, "fail") == 0)
+  if (strcmp (word, "fail") == 0)
     return V_FAIL;
-  if (strcmp (buf, "fail-once") == 0)
+  if (strcmp (word, "fail-once") == 0)
     return V_FAIL_ONCE;
   return V_OK;
-}
-
-/* Rewrite file (if set) with the number n.  Caller holds lock. */
-static void
-write_number (const char *file, unsigned long n)
-{
-  char buf[32];
-  int fd, len;
-
-  if (file == NULL)
-    return;
-  fd = open (file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd == -1)
-    return;
-  len = snprintf (buf, sizeof buf, "%lu\n", n);
-  if (write (fd, buf, len) != len) {
-    /* A test aid: a short count file is seen by the test. */
-  }
-  close (fd);
 }
 
 /* The control file's verdict once it no longer says "hold". */
@@ -166,18 +123,17 @@ wait_while_held (void)
   return v;
 }
 
-/* Must this sync of fd fail?  Counts the call, waits while held. */
+/* Must this sync of the target fail?  Counts the call, waits while
+ * held.
+ */
 static bool
-must_fail (int fd)
+must_fail (void)
 {
   enum verdict v;
   bool fail;
 
-  pthread_once (&once, init);
-  if (!is_target (fd))
-    return false;
   pthread_mutex_lock (&lock);
-  write_number (count_file, ++calls);
+  shim_write_number (count_file, ++calls);
   pthread_mutex_unlock (&lock);
 
   v = wait_while_held ();
@@ -186,45 +142,99 @@ must_fail (int fd)
   fail = v == V_FAIL || (v == V_FAIL_ONCE && !failed_once);
   if (fail) {
     failed_once = true;
-    write_number (failed_file, ++failures);
+    shim_write_number (failed_file, ++failures);
   }
   pthread_mutex_unlock (&lock);
   return fail;
 }
 
-/* The real sync, after SHIM_DELAY_US if set (one at a time then). */
+/* Copy the target's contents (fd) to SHIM_DURABLE, if set, through
+ * SHIM_DURABLE.tmp and rename: the test never reads half a copy.
+ */
+static void
+snapshot (int fd)
+{
+  static char buf[1 << 16];     /* Under snapshot_lock. */
+  char tmp[PATH_MAX];
+  struct stat st;
+  off_t off;
+  ssize_t n, i;
+  int out;
+
+  if (durable == NULL || fstat (fd, &st) == -1)
+    return;
+  snprintf (tmp, sizeof tmp, "%s.tmp", durable);
+  pthread_mutex_lock (&snapshot_lock);
+  out = open (tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (out == -1)
+    goto out;
+  for (off = 0; off < st.st_size; off += n) {
+    n = pread (fd, buf, sizeof buf, off);
+    if (n <= 0)
+      break;
+    for (i = 0; i < n && buf[i] == 0; ++i)
+      ;
+    if (i < n && pwrite (out, buf, n, off) != n)
+      break;
+  }
+  if (ftruncate (out, st.st_size) == 0)
+    rename (tmp, durable);
+  close (out);
+ out:
+  pthread_mutex_unlock (&snapshot_lock);
+}
+
+/* Sleep SHIM_DELAY_US, then the real sync, or the failure: with a
+ * delay, one sync at a time.
+ */
 static int
-real_sync (const char *name, int fd)
+slow_sync (const char *name, int fd, bool fail)
 {
   int r;
 
-  if (delay_us == 0 || !is_target (fd))
-    return ((int (*) (int)) real (name)) (fd);
-  pthread_mutex_lock (&delay_lock);
-  nanosleep (&(struct timespec) { .tv_sec = delay_us / 1000000,
-                                  .tv_nsec = delay_us % 1000000 * 1000 },
-             NULL);
-  r = ((int (*) (int)) real (name)) (fd);
-  pthread_mutex_unlock (&delay_lock);
+  if (delay_us > 0) {
+    pthread_mutex_lock (&delay_lock);
+    nanosleep (&(struct timespec) { .tv_sec = delay_us / 1000000,
+                                    .tv_nsec = delay_us % 1000000 * 1000 },
+               NULL);
+  }
+  if (fail) {
+    errno = fail_errno;
+    r = -1;
+  }
+  else
+    r = ((int (*) (int)) shim_real ("shim-fdatasync", name)) (fd);
+  if (delay_us > 0) {
+    int err = errno;
+
+    pthread_mutex_unlock (&delay_lock);
+    errno = err;
+  }
   return r;
+}
+
+static int
+shim_sync (const char *name, int fd)
+{
+  bool fail;
+
+  pthread_once (&once, init);
+  if (!shim_is_target (&target, fd))
+    return ((int (*) (int)) shim_real ("shim-fdatasync", name)) (fd);
+  fail = must_fail ();
+  if (!fail)
+    snapshot (fd);
+  return slow_sync (name, fd, fail);
 }
 
 int
 fdatasync (int fd)
 {
-  if (must_fail (fd)) {
-    errno = fail_errno;
-    return -1;
-  }
-  return real_sync ("fdatasync", fd);
+  return shim_sync ("fdatasync", fd);
 }
 
 int
 fsync (int fd)
 {
-  if (must_fail (fd)) {
-    errno = fail_errno;
-    return -1;
-  }
-  return real_sync ("fsync", fd);
+  return shim_sync ("fsync", fd);
 }

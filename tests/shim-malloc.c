@@ -29,12 +29,12 @@
 
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <stdbool.h>
 #include <stddef.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
+
+#include "shim-common.h"
 
 /* glibc's allocator under its own name: no dlsym, which may itself
  * call malloc.
@@ -64,30 +64,6 @@ init (void)
   __atomic_store_n (&inited, true, __ATOMIC_RELEASE);
 }
 
-/* Writes the count with write(2) and a hand-made number: nothing here
- * may allocate (it runs inside malloc).
- */
-static void
-write_count (unsigned long n)
-{
-  char buf[32];
-  size_t i = sizeof buf;
-  int fd;
-
-  buf[--i] = '\n';
-  do {
-    buf[--i] = '0' + n % 10;
-    n /= 10;
-  } while (n > 0);
-  fd = open (count_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd == -1)
-    return;
-  if (write (fd, buf + i, sizeof buf - i) != (ssize_t) (sizeof buf - i)) {
-    /* A test aid: a short count file is seen by the test. */
-  }
-  close (fd);
-}
-
 /* Must this allocation of n bytes fail? */
 static bool
 must_fail (size_t n)
@@ -103,8 +79,7 @@ must_fail (size_t n)
   k = __atomic_add_fetch (&failures, 1, __ATOMIC_RELAXED);
   if (k > fail_times)
     return false;               /* Another thread took the last one. */
-  if (count_file)
-    write_count (k);
+  shim_write_number (count_file, k);     /* Allocates nothing. */
   return true;
 }
 

@@ -41,23 +41,20 @@
  */
 
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 #include <sys/uio.h>
-#include <unistd.h>
+
+#include "shim-common.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-static char target[PATH_MAX];
-static bool have_target;
+static struct shim_target target;       /* SHIM_PATH */
 static uint64_t fail_lo, fail_hi = UINT64_MAX;
 static const char *control, *count_file;
 static int fail_errno = ENOSPC;
@@ -71,9 +68,7 @@ init (void)
 {
   const char *s;
 
-  s = getenv ("SHIM_PATH");
-  if (s && realpath (s, target) != NULL)
-    have_target = true;
+  shim_target_init (&target, "SHIM_PATH");
   if ((s = getenv ("SHIM_FAIL_LO")) != NULL)
     fail_lo = strtoull (s, NULL, 10);
   if ((s = getenv ("SHIM_FAIL_HI")) != NULL)
@@ -91,70 +86,26 @@ init (void)
 static void *
 real (const char *name)
 {
-  void *f = dlsym (RTLD_NEXT, name);
-
-  if (f == NULL) {
-    fprintf (stderr, "shim-pwritev: dlsym %s: %s\n", name, dlerror ());
-    abort ();
-  }
-  return f;
+  return shim_real ("shim-pwritev", name);
 }
 
 /* Does the control file say "fail"? */
 static bool
 failing_now (void)
 {
-  char buf[16];
-  ssize_t n;
-  int fd;
+  char word[16];
 
   if (control == NULL)
     return true;
-  fd = open (control, O_RDONLY | O_CLOEXEC);
-  if (fd == -1)
-    return false;
-  n = read (fd, buf, sizeof buf - 1);
-  close (fd);
-  if (n <= 0)
-    return false;
-  buf[n] = 0;
-  return strncmp (buf, "fail", 4) == 0;
-}
-
-static bool
-is_target (int fd)
-{
-  char link[64], path[PATH_MAX];
-  ssize_t n;
-
-  if (!have_target)
-    return false;
-  snprintf (link, sizeof link, "/proc/self/fd/%d", fd);
-  n = readlink (link, path, sizeof path - 1);
-  if (n <= 0)
-    return false;
-  path[n] = 0;
-  return strcmp (path, target) == 0;
+  return shim_read_word (control, word, sizeof word) &&
+    strncmp (word, "fail", 4) == 0;
 }
 
 static void
 count_failure (void)
 {
-  char buf[32];
-  int fd, len;
-
   pthread_mutex_lock (&count_lock);
-  failures++;
-  if (count_file) {
-    fd = open (count_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd != -1) {
-      len = snprintf (buf, sizeof buf, "%lu\n", failures);
-      if (write (fd, buf, len) != len) {
-        /* A test aid: a short count file is seen by the test. */
-      }
-      close (fd);
-    }
-  }
+  shim_write_number (count_file, ++failures);
   pthread_mutex_unlock (&count_lock);
 }
 
@@ -164,7 +115,7 @@ in_failing_range (int fd, uint64_t offset, uint64_t count)
 {
   if (count == 0 || offset >= fail_hi || offset + count <= fail_lo)
     return false;
-  return is_target (fd) && failing_now ();
+  return shim_is_target (&target, fd) && failing_now ();
 }
 
 /* Must this call fail?  Sets errno if so.  (Not in SHIM_SHORT or

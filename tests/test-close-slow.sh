@@ -109,6 +109,13 @@ EOF
 
 failed=()
 kill_quietly () { kill -KILL "$@" 2>/dev/null || :; }
+# After case NAME: stop its server, then check its statsfile and file.
+check_case ()
+{
+  stop_server "$1"
+  /usr/bin/python3 "$tmp/lost.py" "$tmp/$1.json" || failed+=("$1-stats")
+  /usr/bin/python3 "$tmp/check.py" "$tmp/$1.img" "$1" || failed+=("$1")
+}
 slow=(-D plug.backend_delay_us=1500000)
 held=(direct=never idle=10s max-delay=60s retry-timeout=1s)
 
@@ -118,12 +125,8 @@ truncate -s 8M "$img"
 start_plug close "${slow[@]}" -- file="$img" "${held[@]}" max-inflight=1 \
            statsfile="$tmp/close.json"
 timeout 60 /usr/bin/python3 "$tmp/client.py" close "$(server_uri close)"
-# The close is over once it published its statistics.
-timeout 60 /usr/bin/python3 -c 'import plugtest, sys
-plugtest.stats_after(sys.argv[1], 1)' "$tmp/close.json"
-stop_server close
-/usr/bin/python3 "$tmp/lost.py" "$tmp/close.json" || failed+=(close-stats)
-/usr/bin/python3 "$tmp/check.py" "$img" close || failed+=(close)
+wait_closes "$tmp/close.json" 1   # The close is over once it published.
+check_case close
 
 # 2. SIGTERM with the client still connected.
 img=$tmp/sigterm.img
@@ -135,10 +138,8 @@ timeout 60 /usr/bin/python3 "$tmp/client.py" sigterm "$(server_uri sigterm)" \
 cpid=$!
 cleanup_fn kill_quietly $cpid
 wait_for_file "$tmp/sigterm.ready" 60 || fail "sigterm: the client did not write"
-stop_server sigterm
+check_case sigterm
 wait $cpid
-/usr/bin/python3 "$tmp/lost.py" "$tmp/sigterm.json" || failed+=(sigterm-stats)
-/usr/bin/python3 "$tmp/check.py" "$img" sigterm || failed+=(sigterm)
 
 # 3. Three pipelined rewrites of one block.
 img=$tmp/rewrites.img
@@ -146,11 +147,8 @@ truncate -s 8M "$img"
 start_plug rewrites "${slow[@]}" -- file="$img" direct=never \
            retry-timeout=1s statsfile="$tmp/rewrites.json"
 timeout 60 /usr/bin/python3 "$tmp/client.py" rewrites "$(server_uri rewrites)"
-timeout 60 /usr/bin/python3 -c 'import plugtest, sys
-plugtest.stats_after(sys.argv[1], 1)' "$tmp/rewrites.json"
-stop_server rewrites
-/usr/bin/python3 "$tmp/lost.py" "$tmp/rewrites.json" || failed+=(rewrites-stats)
-/usr/bin/python3 "$tmp/check.py" "$img" rewrites || failed+=(rewrites)
+wait_closes "$tmp/rewrites.json" 1
+check_case rewrites
 
 for name in close sigterm rewrites; do
   grep -iE 'lost|gave|give|drop|error' "$(server_log $name)" || :

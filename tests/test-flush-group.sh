@@ -37,46 +37,19 @@ set -x
 
 requires_python_nbd
 requires strace -ff -o /dev/null true
-: "${SHIM_FDATASYNC:=$abs_top_builddir/tests/.libs/shim-fdatasync.so}"
 test -f "$SHIM_FDATASYNC" || fail "$SHIM_FDATASYNC not built"
 
 plug_tmpdir
 
 cat > "$tmp/client.py" <<'EOF'
-import json, nbd, os, plugtest, sys, threading, time
+import json, nbd, plugtest, sys, threading, time
+from plugtest import in_file, number, set_control, wait_until
 uri, img, control, count, statsfile, out = sys.argv[1:7]
 N = 4
 K = 1024
 M = 1024 * K
 bad = []
 events = []                     # [conn, off, sent, replied]
-
-def in_file(off, n):
-    with open(img, "rb") as f:
-        f.seek(off)
-        return f.read(n)
-
-def number(path):
-    try:
-        return int(open(path).read() or 0)
-    except (OSError, ValueError):
-        return 0
-
-def set_control(word):
-    """The shim's control file, replaced at once: a file read while it
-    is rewritten in place would read as empty, which means "ok"."""
-    with open(control + ".tmp", "w") as f:
-        f.write(word + "\n")
-    os.rename(control + ".tmp", control)
-
-def wait_until(what, cond, handles):
-    for _ in range(3000):               # 30 s: a hang, not a duration.
-        if cond():
-            return
-        for h in handles:
-            h.poll(0)
-        time.sleep(0.01)
-    sys.exit("timed out waiting until %s" % what)
 
 def data(i, n):
     return ((b"conn %d write %04d;" % (i, n)) * 4 * K)[:4 * K]
@@ -97,7 +70,7 @@ for i, h in enumerate(hs):
                    lambda: number(count) >= 1, hs)
     else:
         wait_until("connection %d's block is in the file" % i,
-                   lambda: in_file(i * M, 4 * K) == data(i, 0), hs)
+                   lambda: in_file(img, i * M, 4 * K) == data(i, 0), hs)
     events.append([i, i * M, sent, None])
 time.sleep(0.2)                 # Let the last FLUSH wait for a sync.
 for i, h in enumerate(hs):
@@ -106,7 +79,7 @@ for i, h in enumerate(hs):
         bad.append("group: connection %d's FLUSH was answered while the "
                    "sync was held" % i)
 held = number(count)
-set_control("ok")
+set_control(control, "ok")
 pending = set(range(N))
 while pending:
     for i in list(pending):
@@ -114,7 +87,7 @@ while pending:
         if hs[i].aio_command_completed(cookies[i]):   # Raises if it failed.
             events[i][3] = time.time()
             pending.discard(i)
-            if in_file(i * M, 4 * K) != data(i, 0):
+            if in_file(img, i * M, 4 * K) != data(i, 0):
                 bad.append("group: connection %d's FLUSH returned before its "
                            "write was in the file" % i)
     time.sleep(0.001)
@@ -147,7 +120,7 @@ def worker(i):
         h.pwrite(data(i, n), i * M)
         h.flush()
         replied = time.time()
-        if in_file(i * M, 4 * K) != data(i, n):
+        if in_file(img, i * M, 4 * K) != data(i, n):
             bad.append("horizon: connection %d's FLUSH %d returned before "
                        "its write was in the file" % (i, n))
         events.append([i, i * M, sent, replied])
@@ -205,11 +178,8 @@ wrap+=" env LD_PRELOAD=$SHIM_FDATASYNC SHIM_PATH=$img SHIM_CONTROL=$tmp/ctl"
 wrap+=" SHIM_COUNT=$tmp/calls"
 SERVER_WRAP=$wrap start_plug group file="$img" direct=never idle=10s \
                              max-delay=60s statsfile="$tmp/stats.json"
-rc=0
-timeout 300 /usr/bin/python3 "$tmp/client.py" "$(server_uri group)" "$img" \
-        "$tmp/ctl" "$tmp/calls" "$tmp/stats.json" "$tmp/events.json" || rc=$?
+run_client group 300 "$tmp/client.py" "$img" "$tmp/ctl" "$tmp/calls" \
+           "$tmp/stats.json" "$tmp/events.json"
 echo ok > "$tmp/ctl"            # A failed client may have left a sync held.
-server_running group
-stop_server group
-[ $rc -eq 0 ] || fail "see the client's messages above"
+end_client group
 /usr/bin/python3 "$tmp/check.py" "$tmp/st" "$img" "$tmp/events.json" 4

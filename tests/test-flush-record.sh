@@ -29,24 +29,11 @@ test -f "$SHIM_PWRITEV" || fail "$SHIM_PWRITEV not built"
 plug_tmpdir
 
 cat > "$tmp/client.py" <<'EOF'
-import errno, nbd, sys
+import nbd, plugtest, sys
+from plugtest import answer, check, check_flush, in_file
 uri, img, control = sys.argv[1:4]
 K = 1024
 bad = []
-
-def outcome(e):
-    return "EIO" if e is not None and e.errnum == errno.EIO else repr(e)
-
-def flush(h, what, expect):
-    """FLUSH on h; expect "EIO" or "ok"."""
-    try:
-        h.flush()
-        got = "ok"
-    except nbd.Error as e:
-        got = outcome(e)
-    print("%s: %s" % (what, got))
-    if got != expect:
-        bad.append("%s: %s, expected %s" % (what, got, expect))
 
 h1 = nbd.NBD()
 h1.connect_uri(uri)
@@ -54,40 +41,31 @@ h1.pwrite(b"A" * (4 * K), 0)              # Acknowledged, held.
 
 # 1. Two pipelined FLUSHes.
 cookies = [h1.aio_flush(), h1.aio_flush()]
-while h1.aio_in_flight() > 0:
-    h1.poll(-1)
 for i, c in enumerate(cookies, 1):
-    try:
-        h1.aio_command_completed(c)
-        got = "ok"
-    except nbd.Error as e:
-        got = outcome(e)
-    print("connection 1, pipelined FLUSH %d: %s" % (i, got))
-    if got != "EIO":
-        bad.append("connection 1's pipelined FLUSH %d: %s, expected EIO "
-                   "(the write it covers failed)" % (i, got))
+    check(bad, "connection 1, pipelined FLUSH %d" % i, answer(h1, c), "EIO",
+          "the write it covers failed")
 
 # 2. A connection opened afterwards.
 h2 = nbd.NBD()
 h2.connect_uri(uri)
-flush(h2, "connection 2 (opened after the failure), FLUSH", "EIO")
+check_flush(h2, "connection 2 (opened after the failure), FLUSH", "EIO",
+            bad)
 
 # 3. Heal, write again, FLUSH.
 open(control, "w").write("ok\n")
 h2.pwrite(b"Z" * (4 * K), 0)
-flush(h2, "connection 2, FLUSH after the range was written again", "ok")
-flush(h1, "connection 1, FLUSH after the range was written again", "ok")
-with open(img, "rb") as f:
-    if f.read(4 * K) != b"Z" * (4 * K):
-        bad.append("the file does not hold the rewrite at 0")
+check_flush(h2, "connection 2, FLUSH after the range was written again", "ok",
+            bad)
+check_flush(h1, "connection 1, FLUSH after the range was written again", "ok",
+            bad)
+if in_file(img, 0, 4 * K) != b"Z" * (4 * K):
+    bad.append("the file does not hold the rewrite at 0")
 for i, h in ((1, h1), (2, h2)):
     if h.pread(4 * K, 0) != b"Z" * (4 * K):
         bad.append("connection %d does not read the rewrite at 0" % i)
 h1.shutdown()
 h2.shutdown()
-if bad:
-    sys.exit("\n".join(bad))
-print("every FLUSH told the truth")
+plugtest.verdict(bad, "every FLUSH told the truth")
 EOF
 
 img=$tmp/disk.img
@@ -97,11 +75,7 @@ wrap="env LD_PRELOAD=$SHIM_PWRITEV SHIM_PATH=$img SHIM_CONTROL=$tmp/ctl"
 wrap+=" SHIM_FAIL_LO=0 SHIM_FAIL_HI=4096 SHIM_ERRNO=5" # EIO
 wrap+=" SHIM_COUNT=$tmp/shim-count"
 SERVER_WRAP=$wrap start_plug record file="$img" direct=never idle=10s max-delay=60s
-rc=0
-timeout 60 /usr/bin/python3 "$tmp/client.py" "$(server_uri record)" "$img" \
-        "$tmp/ctl" || rc=$?
-server_running record
-stop_server record
+run_client record 60 "$tmp/client.py" "$img" "$tmp/ctl"
+end_client record
 echo "shim failures: $(cat "$tmp/shim-count" 2>/dev/null || echo 0)"
 cat "$(server_log record)"
-[ $rc -eq 0 ] || fail "see the client's messages above"

@@ -8,7 +8,8 @@
 # as a plain write answered with its error never enters it.
 #   1. FLUSH (the file's first sync: nothing is left unsynced).
 #   2. FUA write of 64 KiB at 0 whose fdatasync fails
-#      (shim-sync-snapshot, SHIM_SYNC_FAIL=1): answered EIO, as it must be.
+#      (shim-fdatasync, its control file says "fail-once" from then
+#      on): answered EIO, as it must be.
 #   3. FLUSH on the same connection, and on a new one: nothing
 #      acknowledged was lost, both must succeed.
 # Run in writeback and hold mode.  Shown able to fail: with the FUA
@@ -20,32 +21,25 @@ set -x
 
 requires_python_nbd
 plug_tmpdir
-shim_sync=$abs_top_builddir/tests/.libs/shim-sync-snapshot.so
-test -f "$shim_sync" || fail "$shim_sync not built"
+test -f "$SHIM_FDATASYNC" || fail "$SHIM_FDATASYNC not built"
 
 cat > "$tmp/client.py" <<'PY'
 import nbd, sys
-uri, sfail, mode = sys.argv[1:4]
+from plugtest import outcome, set_control
+uri, control, mode = sys.argv[1:4]
 K = 1024
-
-def answer(f):
-    try:
-        f()
-        return "ok"
-    except nbd.Error as e:
-        return e.string
 
 h = nbd.NBD()
 h.connect_uri(uri)
 h.flush()
-open(sfail, "w").write("1\n")
-fua = answer(lambda: h.pwrite(b"F" * (64 * K), 0, nbd.CMD_FLAG_FUA))
+set_control(control, "fail-once")
+fua = outcome(lambda: h.pwrite(b"F" * (64 * K), 0, nbd.CMD_FLAG_FUA))
 if fua == "ok":
     sys.exit("%s: the FUA write succeeded although its sync failed" % mode)
-same = answer(h.flush)
+same = outcome(h.flush)
 g = nbd.NBD()
 g.connect_uri(uri)
-other = answer(g.flush)
+other = outcome(g.flush)
 print("%s: FUA write: %s; FLUSH then: %s; on a new connection: %s"
       % (mode, fua, same, other))
 if same != "ok" or other != "ok":
@@ -57,11 +51,11 @@ failed=()
 for mode in writeback hold; do
   img=$tmp/$mode.img
   truncate -s 4M "$img"
-  echo 0 > "$tmp/$mode.sfail"
-  SERVER_WRAP="env LD_PRELOAD=$shim_sync SHIM_SYNC_PATH=$img SHIM_SYNC_FAIL=$tmp/$mode.sfail" \
+  echo ok > "$tmp/$mode.ctl"
+  SERVER_WRAP="env LD_PRELOAD=$SHIM_FDATASYNC SHIM_PATH=$img SHIM_CONTROL=$tmp/$mode.ctl" \
     start_plug $mode file="$img" mode=$mode
   timeout 60 /usr/bin/python3 "$tmp/client.py" "$(server_uri $mode)" \
-          "$tmp/$mode.sfail" $mode || failed+=($mode)
+          "$tmp/$mode.ctl" $mode || failed+=($mode)
   stop_server $mode
 done
 [ ${#failed[@]} -eq 0 ] || fail "FLUSH over-reported in: ${failed[*]}"

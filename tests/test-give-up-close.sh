@@ -80,13 +80,9 @@ img=$tmp/disk.img
 truncate -s 4M "$img"
 start_plug eagain -D plug.inject_eagain=1 -- file="$img" direct=never \
            idle=10s max-delay=60s retry-timeout=1s statsfile="$tmp/stats.json"
-rc=0
-timeout 60 /usr/bin/python3 "$tmp/client.py" "$(server_uri eagain)" \
-        "$tmp/stats.json" || rc=$?
-server_running eagain
-stop_server eagain
+run_client eagain 60 "$tmp/client.py" "$tmp/stats.json"
+end_client eagain
 log=$(server_log eagain)
 cat "$log"
-[ $rc -eq 0 ] || fail "see the client's messages above"
 grep -F "file=$img: write of 4096 bytes at offset 0" "$log" ||
   fail "no log line names the lost write (write of 4096 bytes at offset 0)"

@@ -9,16 +9,17 @@
 # written during the sync F waits for, which began before it.
 #   writeback, direct=never, idle=10ms; file writes to [0, 64 KiB) fail
 #   (shim-pwritev, SHIM_CONTROL) and every fdatasync takes 1 s
-#   (shim-sync-snapshot).
+#   (shim-fdatasync, SHIM_DELAY_US; its control file SHIM_SYNC_CONTROL).
 #   1. W1 = 64 KiB "A" at 0: acknowledged, its run fails (THE RECORD).
 #   2. FLUSH F (async): it covers W1 and starts a round of syncs.
 #   3. the range heals; W2 = 64 KiB "B" at 0: acknowledged and written
 #      while F's sync runs.
 #   4. F's answer.
-# Case "durable": SHIM_SYNC_DURABLE snapshots the file at the start of
-# each sync.  F must fail, or the snapshot must hold W1 or W2 at 0.
-# Case "syncfail": that one sync fails (SHIM_SYNC_FAIL=1).  F must fail:
-# the only sync it waited for failed, and W1 is lost.
+# Case "durable": SHIM_DURABLE snapshots the file at the start of each
+# sync.  F must fail, or the snapshot must hold W1 or W2 at 0.
+# Case "syncfail": that one sync fails (the sync control file says
+# "fail-once" from the start).  F must fail: the only sync it waited
+# for failed, and W1 is lost.
 # Shown able to fail: with a rewrite healing the record as soon as it
 # is written, F answers success in both cases (5/5 runs each).
 source ./functions.sh
@@ -27,9 +28,8 @@ set -x
 
 requires_python_nbd
 plug_tmpdir
-shim_sync=$abs_top_builddir/tests/.libs/shim-sync-snapshot.so
 test -f "$SHIM_PWRITEV" || fail "$SHIM_PWRITEV not built"
-test -f "$shim_sync" || fail "$shim_sync not built"
+test -f "$SHIM_FDATASYNC" || fail "$SHIM_FDATASYNC not built"
 
 cat > "$tmp/client.py" <<'PY'
 import nbd, os, sys, time
@@ -63,11 +63,11 @@ PY
 failed=()
 for case in durable syncfail; do
   echo fail > "$tmp/$case.ctl"
-  if [ $case = syncfail ]; then n=1; else n=0; fi
-  echo $n > "$tmp/$case.sfail"
+  if [ $case = syncfail ]; then sync=fail-once; else sync=ok; fi
+  echo $sync > "$tmp/$case.sctl"
   img=$tmp/$case.img
   truncate -s 4M "$img"
-  SERVER_WRAP="env LD_PRELOAD=$SHIM_PWRITEV:$shim_sync SHIM_PATH=$img SHIM_FAIL_LO=0 SHIM_FAIL_HI=65536 SHIM_CONTROL=$tmp/$case.ctl SHIM_SYNC_PATH=$img SHIM_SYNC_DELAY_US=1000000 SHIM_SYNC_DURABLE=$tmp/$case.durable SHIM_SYNC_FAIL=$tmp/$case.sfail" \
+  SERVER_WRAP="env LD_PRELOAD=$SHIM_PWRITEV:$SHIM_FDATASYNC SHIM_PATH=$img SHIM_FAIL_LO=0 SHIM_FAIL_HI=65536 SHIM_CONTROL=$tmp/$case.ctl SHIM_SYNC_CONTROL=$tmp/$case.sctl SHIM_DELAY_US=1000000 SHIM_DURABLE=$tmp/$case.durable" \
     start_plug $case file="$img" direct=never idle=10ms
   timeout 60 /usr/bin/python3 "$tmp/client.py" "$(server_uri $case)" \
           "$tmp/$case.ctl" "$tmp/$case.durable" $case || failed+=($case)

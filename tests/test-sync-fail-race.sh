@@ -37,63 +37,18 @@ set -e
 set -x
 
 requires_python_nbd
-: "${SHIM_FDATASYNC:=$abs_top_builddir/tests/.libs/shim-fdatasync.so}"
 test -f "$SHIM_FDATASYNC" || fail "$SHIM_FDATASYNC not built"
 
 plug_tmpdir
 
 cat > "$tmp/client.py" <<'EOF'
-import errno, nbd, os, sys, time
+import nbd, plugtest, sys, time
+from plugtest import answer, check, check_flush, in_file, number, \
+    set_control, wait_until
 uri, img, control, count = sys.argv[1:5]
 K = 1024
 M = 1024 * K
 bad = []
-
-def in_file(off, n):
-    with open(img, "rb") as f:
-        f.seek(off)
-        return f.read(n)
-
-def number(path):
-    try:
-        return int(open(path).read() or 0)
-    except (OSError, ValueError):
-        return 0
-
-def set_control(word):
-    """The shim's control file, replaced at once: a file read while it
-    is rewritten in place would read as empty, which means "ok"."""
-    with open(control + ".tmp", "w") as f:
-        f.write(word + "\n")
-    os.rename(control + ".tmp", control)
-
-def wait_until(what, cond, handles):
-    for _ in range(3000):               # 30 s: a hang, not a duration.
-        if cond():
-            return
-        for h in handles:
-            h.poll(0)
-        time.sleep(0.01)
-    sys.exit("timed out waiting until %s" % what)
-
-def outcome(h, cookie):
-    while h.aio_in_flight() > 0:
-        h.poll(-1)
-    try:
-        h.aio_command_completed(cookie)
-        return "ok"
-    except nbd.Error as e:
-        return "EIO" if e.errnum == errno.EIO else repr(e)
-
-def flush(h, what, expect):
-    try:
-        h.flush()
-        got = "ok"
-    except nbd.Error as e:
-        got = "EIO" if e.errnum == errno.EIO else repr(e)
-    print("%s: %s" % (what, got))
-    if got != expect:
-        bad.append("%s: %s, expected %s" % (what, got, expect))
 
 h1, h2 = nbd.NBD(), nbd.NBD()
 h1.connect_uri(uri)
@@ -106,7 +61,7 @@ wait_until("connection 1's sync is held", lambda: number(count) >= 1, [h1])
 h2.pwrite(b"b" * (4 * K), M)
 c2 = h2.aio_flush()
 wait_until("connection 2's block is in the file",
-           lambda: in_file(M, 4 * K) == b"b" * (4 * K), [h1, h2])
+           lambda: in_file(img, M, 4 * K) == b"b" * (4 * K), [h1, h2])
 # Let the engine see that write finish (microseconds after its data is
 # in the file) before the held sync fails: step 4 counts on "b" being
 # written during that sync.
@@ -117,34 +72,32 @@ for i, (h, c) in enumerate(((h1, c1), (h2, c2)), 1):
         bad.append("connection %d's FLUSH was answered while the sync "
                    "was held" % i)
 print("syncs entered while held: %d" % number(count))
-set_control("fail-once")
+set_control(control, "fail-once")
 for i, (h, c) in enumerate(((h1, c1), (h2, c2)), 1):
-    got = outcome(h, c)
-    print("connection %d, FLUSH in the race: %s" % (i, got))
-    if got != "EIO":
-        bad.append("connection %d's FLUSH in the race: %s, expected EIO "
-                   "(a sync covering its horizon failed)" % (i, got))
+    check(bad, "connection %d, FLUSH in the race" % i, answer(h, c), "EIO",
+          "a sync covering its horizon failed")
 
 # 3. Later FLUSHes.
 h3 = nbd.NBD()
 h3.connect_uri(uri)
-flush(h3, "connection 3 (opened afterwards), FLUSH", "EIO")
-flush(h1, "connection 1, FLUSH after the race", "EIO")
+check_flush(h3, "connection 3 (opened afterwards), FLUSH", "EIO", bad)
+check_flush(h1, "connection 1, FLUSH after the race", "EIO", bad)
 
 # 4. Written again.
 h3.pwrite(b"A" * (4 * K), 0)
-flush(h3, "connection 3, FLUSH after only the block at 0 was written again",
-      "EIO")
+check_flush(h3, "connection 3, FLUSH after only the block at 0 was written "
+            "again", "EIO", bad)
 h3.pwrite(b"B" * (4 * K), M)
-flush(h3, "connection 3, FLUSH after both blocks were written again", "ok")
-flush(h1, "connection 1, FLUSH after both blocks were written again", "ok")
-if in_file(0, 4 * K) != b"A" * (4 * K) or in_file(M, 4 * K) != b"B" * (4 * K):
+check_flush(h3, "connection 3, FLUSH after both blocks were written again",
+            "ok", bad)
+check_flush(h1, "connection 1, FLUSH after both blocks were written again",
+            "ok", bad)
+if (in_file(img, 0, 4 * K) != b"A" * (4 * K) or
+        in_file(img, M, 4 * K) != b"B" * (4 * K)):
     bad.append("the file does not hold the rewrites")
 for h in (h1, h2, h3):
     h.shutdown()
-if bad:
-    sys.exit("\n".join(bad))
-print("every FLUSH told the truth")
+plugtest.verdict(bad, "every FLUSH told the truth")
 EOF
 
 img=$tmp/disk.img
@@ -154,15 +107,11 @@ wrap="env LD_PRELOAD=$SHIM_FDATASYNC SHIM_PATH=$img SHIM_CONTROL=$tmp/ctl"
 wrap+=" SHIM_ERRNO=5 SHIM_COUNT=$tmp/calls SHIM_FAILED=$tmp/failed" # EIO
 SERVER_WRAP=$wrap start_plug race file="$img" direct=never idle=10s \
                              max-delay=60s
-rc=0
-timeout 120 /usr/bin/python3 "$tmp/client.py" "$(server_uri race)" "$img" \
-        "$tmp/ctl" "$tmp/calls" || rc=$?
+run_client race 120 "$tmp/client.py" "$img" "$tmp/ctl" "$tmp/calls"
 echo ok > "$tmp/ctl"            # A failed client may have left a sync held.
-server_running race
-stop_server race
+end_client race
 cat "$(server_log race)"
 calls=$(cat "$tmp/calls" 2>/dev/null || echo 0)
 failed=$(cat "$tmp/failed" 2>/dev/null || echo 0)
 echo "syncs of the backing file: $calls, failed: $failed"
-[ $rc -eq 0 ] || fail "see the client's messages above"
 [ "$failed" -eq 1 ] || fail "the shim failed $failed syncs, expected 1"
