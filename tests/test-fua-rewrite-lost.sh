@@ -16,8 +16,9 @@
 #   7. FLUSH F2 covers A.  A was acknowledged and lost; the only newer
 #      write over it, B, was answered with an error (and is in the record
 #      as lost until its answer forgets it).  F2 must fail.
-# Expected failure on break-31b: F2 succeeds (sync_healed lets round 2
-# heal A through B, then record_forget_op drops B: the record is empty).
+# Shown able to fail: with every written range healing at the next
+# successful sync, F2 succeeds (round 2 heals A through B, then
+# record_forget_op drops B: the record is empty).
 source ./functions.sh
 set -e
 set -x

@@ -14,9 +14,9 @@
 #   3. A' = 64 KiB at 0 again (the file takes it now), then 300 writes
 #      of 512 bytes elsewhere, none touching another.
 #   4. FLUSH F2: A' is written and F2's sync covers it: F2 must succeed.
-# Expected failure on break-31b: F2 (and every later FLUSH) fails: the
-# file's set of ranges written since its last sync passed 256 entries
-# and became one widened span, which heals nothing (sync_healed).
+# Shown able to fail: with the rewrites taken from the written set,
+# which passed 256 entries and became one widened span that heals
+# nothing, F2 and every later FLUSH fail.
 source ./functions.sh
 set -e
 set -x

@@ -21,8 +21,8 @@
 #   8. F's answer; then FLUSH F3.
 # F covers A, which is lost; the only newer write over A is W, which the
 # plugin itself reports lost (F3 fails for it).  F must fail.
-# Expected failure on break-31b: F succeeds (round 2's sync of W heals A,
-# sync_healed), while F3 fails.
+# Shown able to fail: with a failed sync's writes still healing, F
+# succeeds (round 2's sync of W heals A), while F3 fails.
 source ./functions.sh
 set -e
 set -x
