@@ -111,6 +111,12 @@ def check_reads(bufs, img):
         assert b.to_bytearray() == data[off:off + 4096], "read %d differs" % i
 
 
+def connect(uri):
+    """A new connection (an nbd.NBD handle) to uri."""
+    h = nbd.NBD()
+    h.connect_uri(uri)
+    return h
+
 
 def in_file(img, off, n):
     """n bytes at off of file img, read directly (not through NBD)."""
@@ -148,6 +154,29 @@ def wait_until(what, cond, handles):
     sys.exit("timed out waiting until %s" % what)
 
 
+# Ample time for a plug with idle=10ms to unplug what it was sent and
+# for its file (or server) to take it, or for a FLUSH to start its round
+# of syncs: tests order their steps by it, and assert on answers and
+# counts, never on how long anything took.
+SETTLE = 0.3
+
+
+def pwrite_settled(h, data, off):
+    """Write data at off on h (acknowledged), then let the plug write
+    it out (SETTLE)."""
+    h.pwrite(data, off)
+    time.sleep(SETTLE)
+
+
+def held_flush(h, control):
+    """Hold the file's syncs (shim-fdatasync "hold"), then send a FLUSH
+    on h that starts a round of syncs (SETTLE), held: its cookie."""
+    set_control(control, "hold")
+    cookie = h.aio_flush()
+    time.sleep(SETTLE)
+    return cookie
+
+
 def outcome(f):
     """f(), an NBD command: "ok", "EIO", or the repr of another
     nbd.Error."""
@@ -175,9 +204,10 @@ def check(bad, what, got, expect, why=None):
                    % (what, got, expect, " (%s)" % why if why else ""))
 
 
-def check_flush(h, what, expect, bad):
-    """FLUSH on h, expecting outcome expect ("ok" or "EIO"): check."""
-    check(bad, what, outcome(h.flush), expect)
+def check_flush(h, what, expect, bad, why=None):
+    """FLUSH on h, expecting outcome expect ("ok" or "EIO"): check,
+    saying why expect (if given)."""
+    check(bad, what, outcome(h.flush), expect, why)
 
 
 def verdict(bad, success):

@@ -25,64 +25,45 @@ set -x
 
 requires_python_nbd
 plug_tmpdir
-shim=$abs_top_builddir/tests/.libs/shim-fdatasync.so
-test -f "$shim" || fail "$shim not built"
+test -f "$SHIM_FDATASYNC" || fail "$SHIM_FDATASYNC not built"
 
 cat > "$tmp/client.py" <<'PY'
-import nbd, os, sys, time
-uri, ctl, mode = sys.argv[1:4]
+import nbd, plugtest, sys, time
+from plugtest import answer, check, connect, held_flush, outcome, \
+    pwrite_settled, set_control
+uri, control, mode = sys.argv[1:4]
 K = 1024
-def setctl(s):
-    open(ctl + ".tmp", "w").write(s + "\n")
-    os.rename(ctl + ".tmp", ctl)
-def wait(hh, c):
-    try:
-        while not hh.aio_command_completed(c):
-            hh.poll(-1)
-        return "ok"
-    except nbd.Error as e:
-        return e.string
-def answer(f):
-    try:
-        f()
-        return "ok"
-    except nbd.Error as e:
-        return e.string
-h = nbd.NBD()
-h.connect_uri(uri)
+bad = []
+
+h = connect(uri)
 h.flush()
-h.pwrite(b"A" * (64 * K), 0)
-time.sleep(0.3)
-setctl("hold")
-f0 = h.aio_flush()
-time.sleep(0.3)
-g = nbd.NBD()
-g.connect_uri(uri)
+pwrite_settled(h, b"A" * (64 * K), 0)
+f0 = held_flush(h, control)
+g = connect(uri)
 fua = g.aio_pwrite(bytearray(b"B" * (64 * K)), 0, flags=nbd.CMD_FLAG_FUA)
 time.sleep(0.5)
-setctl("fail-once")
-r0 = wait(h, f0)
-rb = wait(g, fua)
-f2 = answer(h.flush)
-f3 = answer(g.flush)
-print("%s: F0: %s; FUA B: %s; FLUSH after: %s / %s" % (mode, r0, rb, f2, f3))
-if r0 == "ok":
-    sys.exit("%s: F0 succeeded although its only sync failed" % mode)
-if rb != "ok" and (f2 == "ok" or f3 == "ok"):
-    sys.exit("%s: FLUSH succeeded: it covers A (acknowledged, lost when "
-             "the sync failed), and the only newer write over A, the FUA "
-             "write B, was answered with an error" % mode)
+set_control(control, "fail-once")
+check(bad, "%s: setup: F0" % mode, answer(h, f0), "EIO",
+      "its only sync failed")
+rb = answer(g, fua)
+f2, f3 = outcome(h.flush), outcome(g.flush)
+print("%s: FUA B: %s" % (mode, rb))
+if rb != "ok":
+    why = ("it covers A (acknowledged, lost when the sync failed), and the "
+           "only newer write over A, the FUA write B, was answered with an "
+           "error")
+    check(bad, "%s: FLUSH after, connection 1" % mode, f2, "EIO", why)
+    check(bad, "%s: FLUSH after, connection 2" % mode, f3, "EIO", why)
+plugtest.verdict(bad, "%s: no FLUSH lied" % mode)
 PY
 
-failed=()
 for mode in writeback hold; do
   img=$tmp/$mode.img
   truncate -s 4M "$img"
   echo ok > "$tmp/$mode.ctl"
-  SERVER_WRAP="env LD_PRELOAD=$shim SHIM_PATH=$img SHIM_CONTROL=$tmp/$mode.ctl" \
+  SERVER_WRAP="env LD_PRELOAD=$SHIM_FDATASYNC SHIM_PATH=$img SHIM_CONTROL=$tmp/$mode.ctl" \
     start_plug $mode file="$img" mode=$mode direct=never idle=10ms
-  timeout 60 /usr/bin/python3 "$tmp/client.py" "$(server_uri $mode)" \
-          "$tmp/$mode.ctl" $mode || failed+=($mode)
-  stop_server $mode
+  run_client $mode 60 "$tmp/client.py" "$tmp/$mode.ctl" $mode
+  echo ok > "$tmp/$mode.ctl"    # A failed client may have left a sync held.
+  end_client $mode
 done
-[ ${#failed[@]} -eq 0 ] || fail "a FLUSH lied in: ${failed[*]}"

@@ -26,39 +26,30 @@ plug_tmpdir
 test -f "$SHIM_PWRITEV" || fail "$SHIM_PWRITEV not built"
 
 cat > "$tmp/client.py" <<'PY'
-import nbd, os, sys, time
-uri, ctl = sys.argv[1:3]
+import plugtest, sys, time
+from plugtest import SETTLE, check, check_flush, connect, outcome, \
+    pwrite_settled, set_control
+uri, control = sys.argv[1:3]
 K = 1024
-def setctl(s):
-    open(ctl + ".tmp", "w").write(s + "\n")
-    os.rename(ctl + ".tmp", ctl)
-def answer(f):
-    try:
-        f()
-        return "ok"
-    except nbd.Error as e:
-        return e.string
-h = nbd.NBD()
-h.connect_uri(uri)
+bad = []
+
+h = connect(uri)
 h.flush()
-setctl("fail")
-h.pwrite(b"A" * (64 * K), 0)
-time.sleep(0.3)
-setctl("ok")
-f1 = answer(h.flush)
+set_control(control, "fail")
+pwrite_settled(h, b"A" * (64 * K), 0)
+set_control(control, "ok")
+check_flush(h, "setup: FLUSH F1", "EIO", bad, "A was lost")
 h.pwrite(b"a" * (64 * K), 0)
 for i in range(300):
     h.pwrite(b"x" * 512, 1024 * K + i * 4 * K)
-time.sleep(0.3)
-f2 = answer(h.flush)
-f3 = answer(h.flush)
-print("F1: %s; F2: %s; F3: %s" % (f1, f2, f3))
-if f1 == "ok":
-    sys.exit("setup: F1 succeeded although A was lost")
-if f2 != "ok":
-    sys.exit("F2 failed: A was written again and F2's sync covered the "
-             "rewrite, but 300 other writes since the last sync kept the "
-             "loss in the record (F3: %s)" % f3)
+time.sleep(SETTLE)
+f2, f3 = outcome(h.flush), outcome(h.flush)
+print("F3: %s" % f3)
+check(bad, "FLUSH F2", f2, "ok",
+      "A was written again and F2's sync covered the rewrite; 300 other "
+      "writes since the last sync must not keep the loss in the record "
+      "(F3: %s)" % f3)
+plugtest.verdict(bad, "the rewrite and its FLUSH healed the record")
 PY
 
 img=$tmp/disk.img
@@ -66,8 +57,5 @@ truncate -s 4M "$img"
 echo ok > "$tmp/ctl"
 SERVER_WRAP="env LD_PRELOAD=$SHIM_PWRITEV SHIM_PATH=$img SHIM_ERRNO=5 SHIM_FAIL_LO=0 SHIM_FAIL_HI=65536 SHIM_CONTROL=$tmp/ctl" \
   start_plug many file="$img" direct=never idle=10ms
-rc=0
-timeout 60 /usr/bin/python3 "$tmp/client.py" "$(server_uri many)" \
-        "$tmp/ctl" || rc=$?
-stop_server many
-[ $rc -eq 0 ] || fail "a rewrite followed by a FLUSH did not heal the record"
+run_client many 60 "$tmp/client.py" "$tmp/ctl"
+end_client many

@@ -29,67 +29,42 @@ set -x
 
 requires_python_nbd
 plug_tmpdir
-shim=$abs_top_builddir/tests/.libs/shim-fdatasync.so
-test -f "$shim" || fail "$shim not built"
+test -f "$SHIM_FDATASYNC" || fail "$SHIM_FDATASYNC not built"
 
 cat > "$tmp/client.py" <<'PY'
-import nbd, os, sys, time
-uri, ctl = sys.argv[1:3]
+import plugtest, sys, time
+from plugtest import SETTLE, answer, check, connect, held_flush, outcome, \
+    pwrite_settled, set_control
+uri, control = sys.argv[1:3]
 K = 1024
 M = 1024 * K
-def setctl(s):
-    open(ctl + ".tmp", "w").write(s + "\n")
-    os.rename(ctl + ".tmp", ctl)
-def wait(hh, c):
-    try:
-        while not hh.aio_command_completed(c):
-            hh.poll(-1)
-        return "ok"
-    except nbd.Error as e:
-        return e.string
-def answer(f):
-    try:
-        f()
-        return "ok"
-    except nbd.Error as e:
-        return e.string
-h = nbd.NBD()
-h.connect_uri(uri)
-g = nbd.NBD()
-g.connect_uri(uri)
+bad = []
+
+h, g = connect(uri), connect(uri)
 h.flush()
-h.pwrite(b"A" * (64 * K), 0)
-time.sleep(0.3)
-setctl("hold")
-f0 = h.aio_flush()
-time.sleep(0.3)
-h.pwrite(b"X" * (4 * K), 4 * M)
-time.sleep(0.3)
+pwrite_settled(h, b"A" * (64 * K), 0)
+f0 = held_flush(h, control)
+pwrite_settled(h, b"X" * (4 * K), 4 * M)
 f = g.aio_flush()
-time.sleep(0.3)
-h.pwrite(b"B" * (64 * K), 0)
-time.sleep(0.3)
-setctl("fail-once")
-r0 = wait(h, f0)
-rf = wait(g, f)
-f3 = answer(h.flush)
-print("F0: %s; F: %s; F3: %s" % (r0, rf, f3))
-if r0 == "ok":
-    sys.exit("setup: F0 succeeded although its only sync failed")
-if rf == "ok":
-    sys.exit("FLUSH F succeeded: it covers A (acknowledged, lost when the "
-             "sync failed), and the only newer write over A, W, is lost "
-             "too (F3: %s)" % f3)
+time.sleep(SETTLE)
+pwrite_settled(h, b"B" * (64 * K), 0)
+set_control(control, "fail-once")
+check(bad, "setup: F0", answer(h, f0), "EIO", "its only sync failed")
+rf = answer(g, f)
+f3 = outcome(h.flush)
+print("F3: %s" % f3)
+check(bad, "FLUSH F", rf, "EIO",
+      "it covers A (acknowledged, lost when the sync failed), and the only "
+      "newer write over A, W, is lost too (F3: %s)" % f3)
+plugtest.verdict(bad, "no FLUSH covering a lost write succeeded")
 PY
 
 f1=$tmp/f1.img
 f2=$tmp/f2.img
 truncate -s 4M "$f1" "$f2"
 echo ok > "$tmp/ctl"
-SERVER_WRAP="env LD_PRELOAD=$shim SHIM_PATH=$f1 SHIM_CONTROL=$tmp/ctl" \
+SERVER_WRAP="env LD_PRELOAD=$SHIM_FDATASYNC SHIM_PATH=$f1 SHIM_CONTROL=$tmp/ctl" \
   start_plug concat file="$f1" file="$f2" direct=never idle=10ms
-rc=0
-timeout 60 /usr/bin/python3 "$tmp/client.py" "$(server_uri concat)" \
-        "$tmp/ctl" || rc=$?
-stop_server concat
-[ $rc -eq 0 ] || fail "a FLUSH covering a lost write succeeded"
+run_client concat 60 "$tmp/client.py" "$tmp/ctl"
+echo ok > "$tmp/ctl"            # A failed client may have left a sync held.
+end_client concat

@@ -25,30 +25,24 @@ plug_tmpdir
 test -f "$SHIM_FDATASYNC" || fail "$SHIM_FDATASYNC not built"
 
 cat > "$tmp/client.py" <<'PY'
-import nbd, os, sys, time
-uri, sfail = sys.argv[1:3]
+import nbd, plugtest, sys
+from plugtest import check, check_flush, connect, outcome, pwrite_settled, \
+    set_control
+uri, control = sys.argv[1:3]
 K = 1024
-def answer(f):
-    try:
-        f()
-        return "ok"
-    except nbd.Error as e:
-        return e.string
-h = nbd.NBD()
-h.connect_uri(uri)
+bad = []
+
+h = connect(uri)
 h.flush()
-h.pwrite(b"C" * (4 * K), 1024 * K)
-time.sleep(0.3)
-open(sfail + ".new", "w").write("fail-once\n")
-os.rename(sfail + ".new", sfail)
-e = answer(lambda: h.pwrite(b"E" * (4 * K), 2048 * K, nbd.CMD_FLAG_FUA))
-f = answer(h.flush)
-print("FUA E: %s; FLUSH F: %s" % (e, f))
-if e == "ok":
-    sys.exit("setup: E succeeded although the server's sync failed")
-if f == "ok":
-    sys.exit("FLUSH F succeeded after the server's sync failed with C "
-             "answered and not yet flushed")
+pwrite_settled(h, b"C" * (4 * K), 1024 * K)
+set_control(control, "fail-once")
+check(bad, "setup: FUA E",
+      outcome(lambda: h.pwrite(b"E" * (4 * K), 2048 * K, nbd.CMD_FLAG_FUA)),
+      "EIO", "the server's sync failed")
+check_flush(h, "FLUSH F", "EIO", bad,
+            "the server's sync failed with C answered and not yet flushed")
+plugtest.verdict(bad, "no FLUSH succeeded over what a failed server sync "
+                 "may have lost")
 PY
 
 img=$tmp/srv.img
@@ -57,9 +51,6 @@ echo ok > "$tmp/sfail"
 SERVER_WRAP="env LD_PRELOAD=$SHIM_FDATASYNC SHIM_PATH=$img SHIM_CONTROL=$tmp/sfail" \
   start_server srv file "$img"
 SERVER_WRAP= start_plug plug file="$(server_uri srv)" idle=10ms
-rc=0
-timeout 60 /usr/bin/python3 "$tmp/client.py" "$(server_uri plug)" \
-        "$tmp/sfail" || rc=$?
-stop_server plug
+run_client plug 60 "$tmp/client.py" "$tmp/sfail"
+end_client plug
 stop_server srv
-[ $rc -eq 0 ] || fail "a FLUSH succeeded over writes a failed server sync may have lost"

@@ -28,41 +28,34 @@ plug_tmpdir
 test -f "$SHIM_PWRITEV" || fail "$SHIM_PWRITEV not built"
 
 cat > "$tmp/client.py" <<'PY'
-import nbd, sys, time
+import nbd, plugtest, sys, time
+from plugtest import check, check_flush, connect, outcome
 uri, mode = sys.argv[1:3]
 K = 1024
-def answer(f):
-    try:
-        f()
-        return "ok"
-    except nbd.Error as e:
-        return e.string
-h = nbd.NBD()
-h.connect_uri(uri)
+bad = []
+
+h = connect(uri)
 fua = nbd.CMD_FLAG_FUA if mode == "writeback" else 0
-w0 = answer(lambda: h.pwrite(b"0" * (4 * K), 1024 * K, fua))
-w1 = answer(lambda: h.pwrite(b"1" * (4 * K), 0, fua))
+check(bad, "%s: setup: W0" % mode,
+      outcome(lambda: h.pwrite(b"0" * (4 * K), 1024 * K, fua)), "ok")
+check(bad, "%s: setup: W1" % mode,
+      outcome(lambda: h.pwrite(b"1" * (4 * K), 0, fua)), "EIO",
+      "writes to [0, 64 KiB) fail")
 time.sleep(1.5)
-w2 = answer(lambda: h.pwrite(b"2" * (4 * K), 2048 * K))
-fl = answer(h.flush)
-print("%s: W0 %s; W1 %s; W2 %s; FLUSH %s" % (mode, w0, w1, w2, fl))
-if w0 != "ok" or w1 == "ok":
-    sys.exit("%s: setup: W0 must succeed and W1 fail" % mode)
-if w2 != "ok" or fl != "ok":
-    sys.exit("%s: W2 was refused once (EAGAIN), 1.5 s after the last "
-             "stretch of refusals ended with a real error, and was given "
-             "up instead of retried" % mode)
+why = ("refused once (EAGAIN), 1.5 s after the last stretch of refusals "
+       "ended with a real error: retried, not given up")
+check(bad, "%s: W2" % mode,
+      outcome(lambda: h.pwrite(b"2" * (4 * K), 2048 * K)), "ok", why)
+check_flush(h, "%s: FLUSH" % mode, "ok", bad, why)
+plugtest.verdict(bad, "%s: W2 was retried" % mode)
 PY
 
-failed=()
 for mode in hold writeback; do
   img=$tmp/$mode.img
   truncate -s 4M "$img"
   SERVER_WRAP="env LD_PRELOAD=$SHIM_PWRITEV SHIM_PATH=$img SHIM_ERRNO=5 SHIM_FAIL_LO=0 SHIM_FAIL_HI=65536" \
     start_plug $mode -D plug.inject_eagain=2 -- file="$img" mode=$mode \
       direct=never idle=10ms retry-timeout=1s
-  timeout 60 /usr/bin/python3 "$tmp/client.py" "$(server_uri $mode)" $mode ||
-    failed+=($mode)
-  stop_server $mode
+  run_client $mode 60 "$tmp/client.py" $mode
+  end_client $mode
 done
-[ ${#failed[@]} -eq 0 ] || fail "a write given up at its first EAGAIN in: ${failed[*]}"
