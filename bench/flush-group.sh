@@ -10,7 +10,9 @@
 # FLUSH is its final one; one process per connection).  Servers:
 #   file  nbdkit file FILE
 #   old   the plug built from OLD_PLUGIN (default: the plugin of commit
-#         65665af, built in /work/wt-old: each FLUSH syncs for itself)
+#         OLD_COMMIT, 65665af, where each FLUSH synced for itself, built
+#         by this script from `git archive` into
+#         /var/tmp/nbdplug-bench-OLD_COMMIT and kept there)
 #   new   the plug of this tree (FLUSHes waiting share the next sync)
 # both plugs with their defaults (writeback).  Reported per server:
 # FLUSHes per second (all connections' FLUSHes / the wall time of the
@@ -32,7 +34,7 @@
 # Environment: BENCH_REPS (5), BENCH_TMPDIR (/tmp; its filesystem is
 # printed: tmpfs makes fdatasync nearly free), BENCH_SIZE (64M),
 # FG_CONNS (4), FG_OPS (250), FG_STRACE (1), FG_SYNC_US (0),
-# OLD_PLUGIN, PLUGIN.
+# OLD_PLUGIN, OLD_COMMIT (65665af), PLUGIN.
 
 set -euo pipefail
 BENCH_REPS=${BENCH_REPS:-5}
@@ -49,9 +51,28 @@ if [ "$FG_SYNC_US" != 0 ] && [ ! -f "$shim" ]; then
   make -C "$top_builddir/tests" shim-fdatasync.la >&2 || true
   [ -f "$shim" ] || die "FG_SYNC_US needs $shim (make -C tests shim-fdatasync.la)"
 fi
-OLD_PLUGIN=${OLD_PLUGIN:-/work/wt-old/plugin/.libs/nbdkit-plug-plugin.so}
+OLD_COMMIT=${OLD_COMMIT:-65665af}
+
+# The plugin of OLD_COMMIT, built once from the source tree's history.
+build_old ()
+{
+  local dir=/var/tmp/nbdplug-bench-$OLD_COMMIT
+
+  if [ ! -f "$dir/plugin/.libs/nbdkit-plug-plugin.so" ]; then
+    echo "# building the plugin of $OLD_COMMIT in $dir" >&2
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    git -C "$bench_srcdir/.." archive "$OLD_COMMIT" | tar -x -C "$dir" ||
+      die "cannot extract commit $OLD_COMMIT (set OLD_PLUGIN instead)"
+    (cd "$dir" && autoreconf -fi && ./configure && make -C src &&
+       make -C plugin) >"$dir.log" 2>&1 ||
+      die "building $OLD_COMMIT failed: see $dir.log"
+  fi
+  echo "$dir/plugin/.libs/nbdkit-plug-plugin.so"
+}
+[ -n "${OLD_PLUGIN:-}" ] || OLD_PLUGIN=$(build_old)
 [ -f "$OLD_PLUGIN" ] || die "OLD_PLUGIN not built: $OLD_PLUGIN"
-old_id="$(git -C "$(dirname "$OLD_PLUGIN")/../.." describe --always --dirty 2>/dev/null || echo '?')"
+old_id="$(git -C "$(dirname "$OLD_PLUGIN")/../.." describe --always --dirty 2>/dev/null || echo "$OLD_COMMIT")"
 cp "$OLD_PLUGIN" "$tmp/old-plug-plugin.so"
 OLD_PLUGIN=$tmp/old-plug-plugin.so
 size_bytes=$(numfmt --from=iec "$BENCH_SIZE")
