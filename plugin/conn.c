@@ -418,8 +418,12 @@ conns_shutdown (struct plug_stats *live)
   /* .cleanup runs once, after a .get_ready that worked (eng set). */
   assert (r != NULL);
   exit_req = NULL;
+  /* The exit's answer is the record's (engine.h, THE RECORD): an
+   * error says acknowledged data is lost, as logged when it was.
+   */
   if (submit_wait (NULL, r) == -1)
-    nbdkit_error ("server exit: could not write out held data: %m");
+    nbdkit_error ("server exit: not every acknowledged write is on "
+                  "stable storage (see the losses logged above): %m");
 
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&conns_lock);
   for (c = conns; c != NULL; c = c->reg_next)

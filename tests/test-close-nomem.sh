@@ -29,7 +29,7 @@
 # (plugin/conn.c), as it was, case 1 fails (nbdkit aborts in
 # engine_conn_free, 0 of 4 blocks in the file); with the exit's
 # allocated in conns_shutdown, case 2 fails (the shim counts the
-# failure, the log says "server exit: could not write out held data";
+# failure, the log says the exit could not write out held data;
 # when nbdkit's .cleanup overtakes the connection's .close, 0 of 4
 # blocks are in the file too, and nbdkit still exits with status 0).
 source ./functions.sh
