@@ -604,6 +604,16 @@ span_add (span_vector *v, struct span sp)
 {
   struct span *last = v->len ? &v->ptr[v->len - 1] : NULL;
 
+  if (v->len == 1 && last->extent == SPAN_WIDENED) {
+    /* Past the cap already: the hull grows in place, O(1), instead of
+     * filling the vector to be folded again.
+     */
+    last->start = MIN (last->start, sp.start);
+    last->end = MAX (last->end, sp.end);
+    last->seq_lo = MIN (last->seq_lo, sp.seq_lo);
+    last->seq_hi = MAX (last->seq_hi, sp.seq_hi);
+    return false;
+  }
   if (last && spans_touch (last, sp.start, sp.end) &&
       last->seq_lo == sp.seq_lo && last->seq_hi == sp.seq_hi &&
       last->err == sp.err && last->extent == sp.extent) {
