@@ -112,6 +112,10 @@ struct eng_file {
   uint64_t delay_until;
   struct retry_state retry;     /* Backoff of the queue. */
   struct ratelimit log;         /* Error lines about its runs. */
+  struct {                      /* For the statistics (any caller's
+                                 * snapshot, under its lock). */
+    uint64_t not_now, errors, runs, bytes, syncs;
+  } counts;
 
   /* DURABILITY. */
   span_vector lost;             /* THE RECORD: acknowledged data that
@@ -229,6 +233,7 @@ struct engine {
   struct op_list sync_wait;     /* OP_SYNC_WAIT, by sync_round. */
   bool deadline_earlier;        /* See engine_deadline_may_be_earlier. */
   uint64_t unplugs_tried;       /* For cfg.inject_unplug_nomem. */
+  struct stats_unflushed unflushed;     /* See stats.h. */
 };
 
 /* A deadline appeared, or came nearer: engine_next_deadline may be
@@ -811,9 +816,11 @@ sync_answer (struct engine *e, struct eng_op *op, struct eng_actions *out)
   switch (op->kind) {
   case ENG_FLUSH:
     err = record_check (e, op->horizon);
+    stats_unflushed_flush_end (&e->unflushed, &op->flush_mark, err == 0);
     break;
   case ENG_SHUTDOWN:
     err = record_check (e, UINT64_MAX);
+    stats_unflushed_flush_end (&e->unflushed, &op->flush_mark, err == 0);
     break;
   default:
     err = op->err ? op->err : record_check_op (e, op);
@@ -859,6 +866,7 @@ start_round (struct engine *e, struct plug_stats *stats, uint64_t now,
     *out->sync_tail = &f->sync;
     out->sync_tail = &f->sync.next;
     e->sync_pending++;
+    f->counts.syncs++;
     if (stats)
       stats_count (&stats->backend[STATS_B_SYNC], 0);
   }
@@ -984,6 +992,16 @@ engine_record_lost (struct engine *e, uint32_t b, uint64_t offset,
 
 /* ---- finishing ---- */
 
+/* Mutation op (without FUA) is acknowledged with success at now: it is
+ * unflushed until a FLUSH that arrives later succeeds (stats.h, "The
+ * unflushed window").
+ */
+static void
+note_acked (struct engine *e, const struct eng_op *op, uint64_t now)
+{
+  stats_unflushed_ack (&e->unflushed, op->count, now);
+}
+
 /* Every piece of mutation op finished. */
 static void
 op_finish (struct engine *e, struct eng_op *op, uint64_t now,
@@ -1014,6 +1032,8 @@ op_finish (struct engine *e, struct eng_op *op, uint64_t now,
     wait_sync (e, op, now, out);
     return;
   }
+  if (op->reply_pending && op->err == 0)
+    note_acked (e, op, now);
   op_answer (op, op->err, out);
   op_release (op, out);
 }
@@ -1515,8 +1535,13 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
     r->conn = c;
     r->batch = batch;
     r->min_seq = UINT64_MAX;
-    for (k = 0; k < pr->n; ++k)
-      r->min_seq = MIN (r->min_seq, pr->reqs[k]->seq);
+    for (k = 0; k < pr->n; ++k) {
+      const struct plug_req *p = pr->reqs[k];
+
+      r->min_seq = MIN (r->min_seq, p->seq);
+      stats_hist_add_serial (&c->stats->latency[STATS_L_HELD],
+                             now > p->arrival_ns ? now - p->arrival_ns : 0);
+    }
     r->flush_fua = false;         /* mark_flush_fua decides. */
     queue_append (e, r);
   }
@@ -1707,6 +1732,7 @@ admit_waiters (struct engine *e, struct eng_conn *c, uint64_t now,
     list_remove (&c->mem_wait, op);
     op->told_ok = true;
     c->nr_told_ok++;
+    note_acked (e, op, now);
     op_answer (op, 0, out);
     admit (e, c, op, now, out);
   }
@@ -1947,6 +1973,7 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
     op->acked = true;
     op->told_ok = true;
     c->nr_told_ok++;
+    note_acked (e, op, now);
   }
   else {
     op->reply_pending = true;
@@ -1997,6 +2024,7 @@ submit_flush (struct engine *e, struct eng_conn *c, struct eng_op *op,
   op->horizon = e->next_seq - 1;
   op->reply_pending = true;
   c->nr_waiting++;
+  stats_unflushed_flush_begin (&e->unflushed, &op->flush_mark);
   /* Hold mode: every answered write is already written, and NBD's FLUSH
    * covers only answered writes: syncing the files (the caller) is all
    * it needs.  It must not wait for other requests in flight.
@@ -2090,6 +2118,7 @@ submit_shutdown (struct engine *e, struct eng_conn *c, struct eng_op *op,
 
   e->state = ENGINE_SHUTTING_DOWN;
   op->reply_pending = true;
+  stats_unflushed_flush_begin (&e->unflushed, &op->flush_mark);
   if (c)
     c->nr_waiting++;
   op->state = OP_WAITING;
@@ -2242,6 +2271,7 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
   uint64_t deadline, delay;
 
   STATS_ADD (r->conn->stats->eagain, 1);
+  f->counts.not_now++;
   if (f->retry.since_ns == 0)
     f->retry.since_ns = now ? now : 1;
   deadline = eng_add_ns (f->retry.since_ns, e->cfg.retry.timeout_ns);
@@ -2289,10 +2319,14 @@ engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
   assert (f->inflight > 0);
   f->inflight--;
   c->last_svc_ns = now > r->issued_ns ? now - r->issued_ns : 0;
+  stats_hist_add_serial (&c->stats->latency[STATS_L_BACKEND],
+                         c->last_svc_ns);
 
   if (err == 0) {
     stats_count (&r->conn->stats->backend[stats_backend_of (r->run->op)],
                  r->run->count);
+    f->counts.runs++;
+    f->counts.bytes += r->run->count;
     if (f->state != FILE_RUNNING) {
       /* blk-mq restarts a queue that got BLK_STS_RESOURCE when one of
        * its requests completes: the delay is only for an idle queue.
@@ -2313,6 +2347,7 @@ engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
       err = ENOTSUP;            /* "Cannot be fast": an answer. */
     else {
       STATS_ADD (r->conn->stats->errors, 1);
+      f->counts.errors++;
       if (r->run->n > 1 && split_run (e, f, r) == 0) {
         queue_dispatch (e, b, now, false, out);
         check_waiters (e, now, out);
@@ -2519,3 +2554,54 @@ engine_counts (const struct engine *e, struct eng_counts *n)
   n->widened = e->widened;
 }
 
+
+static const char *
+file_state_name (enum file_state s)
+{
+  switch (s) {
+  case FILE_RUNNING: return "running";
+  case FILE_DELAYED: return "delayed";
+  case FILE_STALLED: return "stalled";
+  }
+  return "?";
+}
+
+void
+engine_snapshot (const struct engine *e, struct stats_report *r,
+                 struct stats_file_live *files)
+{
+  const struct eng_conn *c;
+  uint32_t b;
+
+  stats_unflushed_total (&e->unflushed, &r->unflushed);
+  r->held = r->queued = r->inflight = 0;
+  for (c = e->conns; c != NULL; c = c->next)
+    r->held += c->plug.reqs.len;
+  for (b = 0; b < e->cfg.nr_backings; ++b) {
+    const struct eng_file *f = &e->files[b];
+
+    r->queued += f->nr_queued;
+    r->inflight += f->inflight;
+    if (files == NULL)
+      continue;
+    files[b].state = file_state_name (f->state);
+    files[b].inflight = f->inflight;
+    files[b].queued = f->nr_queued;
+    files[b].not_now = f->counts.not_now;
+    files[b].errors = f->counts.errors;
+    files[b].runs = f->counts.runs;
+    files[b].bytes = f->counts.bytes;
+    files[b].syncs = f->counts.syncs;
+  }
+  r->copied_bytes = e->bytes;
+}
+
+void
+engine_conn_snapshot (const struct eng_conn *c, struct stats_conn_live *s)
+{
+  s->held = c->plug.reqs.len;
+  s->runs = c->nr_runs;
+  s->unfinished = c->nr_unfinished;
+  s->waiting = c->nr_waiting;
+  s->copied_bytes = c->bytes;
+}

@@ -198,6 +198,8 @@ struct eng_op {
                                  * the data finished (writeback): a later
                                  * failure enters THE RECORD. */
   struct eng_op *unf_prev, *unf_next;   /* Unfinished mutations, by seq. */
+  struct stats_flush_mark flush_mark;   /* FLUSH, SHUTDOWN: its window of
+                                         * the unflushed (stats.h). */
   struct eng_op *wprev, *wnext;         /* A waiting list. */
   struct eng_op *reply_next, *release_next;     /* Action lists. */
 };
@@ -414,6 +416,23 @@ extern bool engine_deadline_may_be_earlier (struct engine *e)
  */
 extern bool engine_quiet (const struct engine *e)
   __attribute__ ((__nonnull__ (1)));
+
+/* The live statistics, copied under the caller's lock (the figures
+ * are kept as they change: the copy walks no list of requests):
+ * unflushed, held, queued, inflight and copied_bytes of *r, and for
+ * each backing file the engine's fields of files[b] (state, inflight,
+ * queued, not_now, errors, runs, bytes, syncs; files may be NULL).
+ */
+extern void engine_snapshot (const struct engine *e, struct stats_report *r,
+                             struct stats_file_live *files)
+  __attribute__ ((__nonnull__ (1, 2)));
+
+/* The engine's fields of a connection's live statistics (held, runs,
+ * unfinished, waiting, copied_bytes).
+ */
+extern void engine_conn_snapshot (const struct eng_conn *c,
+                                  struct stats_conn_live *s)
+  __attribute__ ((__nonnull__ (1, 2)));
 
 /* Counters for tests and statistics. */
 struct eng_counts {
