@@ -79,7 +79,7 @@ conns_register (struct conn *c)
   nr_conns++;
 }
 
-static void
+void
 conns_unregister (struct conn *c)
 {
   struct conn **pp;
@@ -337,9 +337,12 @@ conn_open (void)
     free (c);
     return NULL;
   }
+  c->opened_ns = now_ns ();
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
     c->ec = engine_conn_open (eng, &c->stats);
+    if (c->ec)
+      timer_stats_conns_locked (1);
   }
   if (c->ec == NULL) {
     nbdkit_error ("connection: %m");
@@ -375,14 +378,14 @@ conn_close (struct conn *c)
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
     engine_conn_free (eng, c->ec);
     c->ec = NULL;
+    timer_stats_conns_locked (-1);
   }
-  conns_unregister (c);
 
   if (plug_debug_stats && (line = stats_line (&c->stats)) != NULL) {
     nbdkit_debug ("connection %" PRIu64 ": %s", c->id, line);
     free (line);
   }
-  stats_publish (&c->stats);
+  stats_publish_close (c);
   free (c->workers);
   free (c);
 }
@@ -428,6 +431,41 @@ conns_shutdown (struct plug_stats *live)
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&conns_lock);
   for (c = conns; c != NULL; c = c->reg_next)
     stats_merge (live, &c->stats);
+}
+
+int
+conns_live (struct stats_report *r, struct stats_file_live *files,
+            struct plug_stats *open_sum, struct stats_conn_live **out)
+{
+  struct stats_conn_live *live;
+  struct conn *c;
+  uint64_t now = now_ns ();
+  size_t i;
+
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&conns_lock);
+  live = calloc (nr_conns ? nr_conns : 1, sizeof *live);
+  if (live == NULL)
+    return -1;
+  for (c = conns, i = 0; c != NULL; c = c->reg_next, ++i) {
+    live[i].id = c->id;
+    live[i].age_ns = now > c->opened_ns ? now - c->opened_ns : 0;
+    stats_snapshot (&live[i].s, &c->stats);
+    stats_merge (open_sum, &live[i].s);
+  }
+  /* The engine's figures, all of one instant: one short hold of the
+   * lock, copying counters it keeps up to date (no list is walked but
+   * the connections and the files).
+   */
+  pthread_mutex_lock (&eng_lock);
+  for (c = conns, i = 0; c != NULL; c = c->reg_next, ++i)
+    if (c->ec)
+      engine_conn_snapshot (c->ec, &live[i]);
+  if (eng)
+    engine_snapshot (eng, r, files);
+  pthread_mutex_unlock (&eng_lock);
+  r->nr_conns = nr_conns;
+  *out = live;
+  return 0;
 }
 
 /* Did this worker thread's last write go into the plug rather than
@@ -576,15 +614,17 @@ conn_pwrite (struct conn *c, const void *buf, uint32_t count,
              uint64_t offset, bool fua)
 {
   struct request *r;
+  uint64_t start = now_ns ();
 
   stats_count (&c->stats.client[STATS_C_WRITE], count);
   if (fua)
     stats_count (&c->stats.client[STATS_C_FUA], count);
   r = request_new (ENG_WRITE, offset, count, fua ? ENG_F_FUA : 0,
                    speculate_room (buf, fua ? ENG_F_FUA : 0, count));
-  if (r == NULL)
+  if (r == NULL || submit_mutation (c, r, buf, "pwrite") == -1)
     return -1;
-  return submit_mutation (c, r, buf, "pwrite");
+  stats_hist_add (&c->stats.latency[STATS_L_WRITE], now_ns () - start);
+  return 0;
 }
 
 int
@@ -622,6 +662,7 @@ int
 conn_flush (struct conn *c)
 {
   struct request *r;
+  uint64_t start = now_ns ();
 
   stats_count (&c->stats.client[STATS_C_FLUSH], 0);
   note_worker (c);
@@ -638,6 +679,7 @@ conn_flush (struct conn *c)
     request_error ("flush");
     return -1;
   }
+  stats_hist_add (&c->stats.latency[STATS_L_FLUSH], now_ns () - start);
   return 0;
 }
 

@@ -40,6 +40,7 @@ struct conn {
 
   /* Read-only after conn_open. */
   uint64_t id;                  /* For log messages. */
+  uint64_t opened_ns;           /* For the statistics (now_ns). */
 
   /* The ENG_CLOSE request, allocated at open: ending a connection
    * allocates nothing, so no shortage of memory can keep its
@@ -79,6 +80,22 @@ extern void conns_shutdown (struct plug_stats *live);
  */
 extern int conns_init (void);
 extern void conns_fini (void);
+
+/* Remove c from the registry of open connections (conn_close, through
+ * stats_publish_close: under stats_lock, so that a report counts it
+ * either open or closed, never both or neither).
+ */
+extern void conns_unregister (struct conn *c);
+
+/* The live part of a report: for each open connection (an array of
+ * r->nr_conns put in *out, malloc'd) its statistics, also summed into
+ * *open_sum, and the engine's figures of it; the engine's figures of r
+ * and files (engine_snapshot).  Returns 0, or -1 with errno.  Takes
+ * conns_lock, then eng_lock briefly.  Any thread holding neither.
+ */
+extern int conns_live (struct stats_report *r, struct stats_file_live *files,
+                       struct plug_stats *open_sum,
+                       struct stats_conn_live **out);
 
 /* How many connections have not finished .close.  Any thread. */
 extern size_t conns_open (void);

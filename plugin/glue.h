@@ -153,4 +153,9 @@ extern int glue_wait (struct waiter *w);
 extern int timer_start (void);
 extern void timer_stop (void);
 
+/* A connection opened (+1) or closed (-1): the timer thread rewrites
+ * statsfile= every stats-interval= while any is open.  eng_lock held.
+ */
+extern void timer_stats_conns_locked (int delta);
+
 #endif /* NBDPLUG_GLUE_H */

@@ -37,10 +37,13 @@ static pthread_t thread;
 /* Protected by eng_lock. */
 static uint64_t armed = UINT64_MAX;    /* Deadline the timer is set for. */
 static enum { TIMER_STOPPED, TIMER_RUNNING, TIMER_STOPPING } state;
+static size_t stats_conns;              /* Connections open: the stats
+                                         * timer runs while there are. */
 
 /* Loop thread only. */
 static ev_async kick;
 static ev_timer timer;
+static ev_timer stats_timer;            /* Every stats-interval=. */
 
 /* Wake the loop if the engine's next deadline is before the timer's.
  * eng_lock held.
@@ -85,18 +88,61 @@ rearm_locked (void)
   ev_timer_start (loop, &timer);
 }
 
+/* Run the stats timer while connections are open (a server nobody
+ * uses is not woken to rewrite the same figures).  eng_lock held.
+ */
+static void
+stats_rearm_locked (void)
+{
+  bool want = stats_conns > 0 && cfg.statsfile != NULL &&
+    cfg.stats_interval_ns > 0;
+
+  if (want && !ev_is_active (&stats_timer)) {
+    double t = cfg.stats_interval_ns / 1e9;
+
+    ev_timer_set (&stats_timer, t, t);
+    ev_timer_start (loop, &stats_timer);
+  }
+  else if (!want && ev_is_active (&stats_timer))
+    ev_timer_stop (loop, &stats_timer);
+}
+
+void
+timer_stats_conns_locked (int delta)
+{
+  bool was = stats_conns > 0;
+
+  stats_conns += delta;
+  if (state == TIMER_RUNNING && was != (stats_conns > 0))
+    ev_async_send (loop, &kick);
+}
+
 static void
 kick_cb (struct ev_loop *l, ev_async *w, int revents)
 {
   pthread_mutex_lock (&eng_lock);
   if (state == TIMER_STOPPING) {
+    ev_timer_stop (loop, &stats_timer);
     ev_timer_stop (loop, &timer);
     ev_async_stop (loop, &kick);
     ev_break (loop, EVBREAK_ALL);
   }
-  else
+  else {
     rearm_locked ();
+    stats_rearm_locked ();
+  }
   pthread_mutex_unlock (&eng_lock);
+}
+
+/* Rewrite statsfile=.  Without eng_lock: the report takes it only for
+ * its snapshot (conns_live); the file's writing delays this loop's
+ * engine timer by as long as it takes, hence the advice of a local
+ * file system in the man page.
+ */
+static void
+stats_cb (struct ev_loop *l, ev_timer *w, int revents)
+{
+  stats_write_live ();
 }
 
 static void
@@ -139,6 +185,7 @@ timer_start (void)
   ev_async_init (&kick, kick_cb);
   ev_async_start (loop, &kick);
   ev_init (&timer, timer_cb);
+  ev_init (&stats_timer, stats_cb);
 
   sigfillset (&all);
   pthread_sigmask (SIG_SETMASK, &all, &old);
@@ -155,6 +202,8 @@ timer_start (void)
   state = TIMER_RUNNING;
   armed = UINT64_MAX;
   kick_if_earlier_locked ();
+  if (stats_conns > 0)
+    ev_async_send (loop, &kick);
   pthread_mutex_unlock (&eng_lock);
   return 0;
 }

@@ -99,6 +99,11 @@ NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
  * advertises multi-conn, and runs in flight per server.  Both are
  * explained in the man page with their measurements.
  */
+/* stats-interval=: often enough for a person watching nbdplug-stat
+ * (iostat's usual 1-2 s), rarely enough that rewriting a few KiB costs
+ * nothing.
+ */
+#define DEFAULT_STATS_INTERVAL_NS 2000000000ULL /* 2 s */
 #define DEFAULT_REMOTE_CONNECTIONS      4
 #define DEFAULT_REMOTE_QUEUE_DEPTH     64
 
@@ -123,6 +128,7 @@ struct config cfg = {
   },
   .remote_connections = DEFAULT_REMOTE_CONNECTIONS,
   .remote_queue_depth = DEFAULT_REMOTE_QUEUE_DEPTH,
+  .stats_interval_ns = DEFAULT_STATS_INTERVAL_NS,
 };
 struct layout layout;
 struct backing *backings;
@@ -156,19 +162,18 @@ inject_eagain (void)
     __atomic_add_fetch (&inject_counter, 1, __ATOMIC_RELAXED) % n == 0;
 }
 
-/* Write the totals to statsfile= atomically (temporary file + rename),
- * so a reader never sees half a file.  Caller holds stats_lock.
+static uint64_t start_ns;                    /* .get_ready's now_ns. */
+
+/* Write text to statsfile= atomically (temporary file + rename), so a
+ * reader never sees half a file.  Caller holds stats_lock.
  */
 static void
-write_statsfile_locked (void)
+replace_statsfile_locked (const char *text)
 {
-  CLEANUP_FREE char *json = NULL, *tmp = NULL;
+  CLEANUP_FREE char *tmp = NULL;
   FILE *fp;
 
-  if (statsfile == NULL)
-    return;
-  json = stats_json (&stats_total, mode_name (cfg.mode));
-  if (json == NULL || asprintf (&tmp, "%s.tmp", statsfile) == -1) {
+  if (asprintf (&tmp, "%s.tmp", statsfile) == -1) {
     nbdkit_error ("statsfile=%s: %m", statsfile);
     return;
   }
@@ -177,7 +182,7 @@ write_statsfile_locked (void)
     nbdkit_error ("statsfile=%s: %m", tmp);
     return;
   }
-  if (fputs (json, fp) == EOF || fclose (fp) == EOF) {
+  if (fputs (text, fp) == EOF || fclose (fp) == EOF) {
     nbdkit_error ("statsfile=%s: write: %m", tmp);
     return;
   }
@@ -185,12 +190,79 @@ write_statsfile_locked (void)
     nbdkit_error ("statsfile=%s: rename: %m", statsfile);
 }
 
+/* How a report counts the connections still open. */
+enum open_counted {
+  OPEN_APART,                   /* In the live totals only. */
+  OPEN_IN_CLOSED,               /* Already merged into *closed (exit). */
+};
+
+/* Write the report: *closed at the top level (the historical format),
+ * and the live figures.  Caller holds stats_lock (so that a closing
+ * connection is counted either open or closed: stats_publish_close).
+ */
+static void
+write_statsfile_locked (const char *written_at,
+                        const struct plug_stats *closed,
+                        enum open_counted open)
+{
+  CLEANUP_FREE char *json = NULL;
+  CLEANUP_FREE struct stats_conn_live *conns = NULL;
+  CLEANUP_FREE struct stats_file_live *flive = NULL;
+  struct plug_stats totals = *closed, open_sum = { 0 };
+  struct stats_report r = {
+    .mode = mode_name (cfg.mode),
+    .written_at = written_at,
+    .interval_ns = cfg.stats_interval_ns,
+    .closed = closed,
+    .totals = &totals,
+  };
+  uint64_t now;
+  size_t i;
+
+  if (statsfile == NULL)
+    return;
+  flive = calloc (nr_backings ? nr_backings : 1, sizeof *flive);
+  if (flive == NULL || conns_live (&r, flive, &open_sum, &conns) == -1) {
+    nbdkit_error ("statsfile=%s: %m", statsfile);
+    return;
+  }
+  /* After the engine's snapshot: no acknowledgement in it is newer. */
+  now = now_ns ();
+  if (open == OPEN_APART)
+    stats_merge (&totals, &open_sum);
+  r.conns = conns;
+  r.files = flive;
+  r.nr_files = nr_backings;
+  r.uptime_ns = now - start_ns;
+  if (r.unflushed.requests > 0 && now > r.unflushed.oldest_ns)
+    r.unflushed_age_ns = now - r.unflushed.oldest_ns;
+  for (i = 0; i < nr_backings; ++i) {
+    flive[i].name = backings[i].name;
+    if (backings[i].remote)
+      remote_stats (backings[i].remote, now, &flive[i]);
+  }
+  json = stats_report_json (&r);
+  if (json == NULL) {
+    nbdkit_error ("statsfile=%s: %m", statsfile);
+    return;
+  }
+  replace_statsfile_locked (json);
+}
+
 void
-stats_publish (const struct plug_stats *conn_stats)
+stats_publish_close (struct conn *c)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&stats_lock);
-  stats_merge (&stats_total, conn_stats);
-  write_statsfile_locked ();
+  conns_unregister (c);
+  stats_merge (&stats_total, &c->stats);
+  write_statsfile_locked ("close", &stats_total, OPEN_APART);
+}
+
+void
+stats_write_live (void)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&stats_lock);
+  write_statsfile_locked ("interval", &stats_total, OPEN_APART);
 }
 
 /* Server exit.  nbdkit 1.32 can reach .cleanup while a connection
@@ -219,11 +291,10 @@ plugin_cleanup (void)
       remote_stop (backings[i].remote);
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&stats_lock);
   if (live.connections > 0) {
-    struct plug_stats saved = stats_total;
+    struct plug_stats all = stats_total;
 
-    stats_merge (&stats_total, &live);
-    write_statsfile_locked ();
-    stats_total = saved;
+    stats_merge (&all, &live);
+    write_statsfile_locked ("exit", &all, OPEN_IN_CLOSED);
   }
 }
 
@@ -436,6 +507,8 @@ plugin_config (const char *key, const char *value)
     }
     cfg.shared = r;
   }
+  else if (strcmp (key, "stats-interval") == 0)
+    return parse_duration_param (key, value, &cfg.stats_interval_ns);
   else if (strcmp (key, "statsfile") == 0) {
     /* The file need not exist yet: make the directory absolute. */
     free (statsfile);
@@ -602,6 +675,7 @@ plugin_get_ready (void)
   enum layout_error why;
   size_t i, bad;
 
+  start_ns = now_ns ();
   /* Refuse an unwritable statsfile= now, not at the first close. */
   if (statsfile) {
     CLEANUP_FREE char *tmp = NULL;
@@ -692,6 +766,7 @@ plugin_dump_plugin (void)
   printf ("plug_remote_queue_depth_default=%d\n",
           DEFAULT_REMOTE_QUEUE_DEPTH);
   printf ("plug_shared_default=no\n");
+  printf ("plug_stats_interval_default=2s\n");
   printf ("plug_libev=%d.%d\n", ev_version_major (), ev_version_minor ());
   {
     struct nbd_handle *h = nbd_create ();
@@ -981,7 +1056,9 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   "retry-max-delay=DURATION Backoff cap (100ms).\n" \
   "retry-timeout=DURATION  Give up with EIO after this long (10s).\n" \
   "shared=BOOL             Do not lock the files against other processes (no).\n" \
-  "statsfile=PATH          Write JSON statistics here."
+  "statsfile=PATH          Write JSON statistics here.\n" \
+  "stats-interval=DURATION Rewrite statsfile= this often while connections\n" \
+  "                        are open (2s; 0: only at close and exit)."
 
 static struct nbdkit_plugin plugin = {
   .name = "plug",

@@ -57,6 +57,9 @@ struct config {
                                  * URI (where it allows multi-conn). */
   unsigned remote_queue_depth;  /* remote-queue-depth=: runs in flight
                                  * per NBD URI. */
+  uint64_t stats_interval_ns;   /* stats-interval=: rewrite statsfile=
+                                 * this often while connections are
+                                 * open; 0: only at close and exit. */
 };
 
 extern struct config cfg;
@@ -78,10 +81,19 @@ extern uint64_t now_ns (void);
  */
 extern bool inject_eagain (void);
 
-/* Add a closing connection's statistics to the totals and rewrite
- * statsfile= (if any).  Any thread.
+struct conn;
+
+/* A connection closes: take it out of the registry, add its statistics
+ * to the totals and rewrite statsfile= (if any), all under stats_lock.
+ * Context: .close.
  */
-extern void stats_publish (const struct plug_stats *conn_stats);
+extern void stats_publish_close (struct conn *c);
+
+/* Rewrite statsfile= (if any) with the live figures.  Takes stats_lock,
+ * then conns_lock and eng_lock briefly (conns_live).  Context: the
+ * timer thread, every stats-interval= while connections are open.
+ */
+extern void stats_write_live (void);
 
 static inline const char *
 mode_name (enum plug_mode m)

@@ -253,6 +253,13 @@ struct remote {
    * of them fails: it cannot cover what was lost.
    */
   uint64_t losses;
+
+  /* Atomic, written by the loop thread, read by remote_stats. */
+  uint64_t conns_lost;          /* READY connections that broke. */
+  uint64_t reconnects;          /* Connections the loop made READY. */
+  uint64_t outage_since_ns;     /* When the last one up broke; 0: some
+                                 * connection is up. */
+  uint64_t outage_ns;           /* Outages that ended, summed. */
 };
 
 static void settle (struct remote *r);
@@ -1455,7 +1462,9 @@ conn_lost (struct remote *r, struct rconn *c, const char *why)
     snprintf (event, sizeof event, "lost (%s; a server that restarted "
               "from what it had synced)", why);
     record_lost (r, c, event);
-    __atomic_sub_fetch (&r->nr_ready, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch (&r->conns_lost, 1, __ATOMIC_RELAXED);
+    if (__atomic_sub_fetch (&r->nr_ready, 1, __ATOMIC_SEQ_CST) == 0)
+      __atomic_store_n (&r->outage_since_ns, now_ns (), __ATOMIC_RELAXED);
     if (!r->outage_logged && !r->stopping)
       nbdkit_error ("file=%s: connection lost (%s): reconnecting; writes "
                     "wait up to retry-timeout", r->uri, why);
@@ -1552,7 +1561,13 @@ conn_ready (struct remote *r, struct rconn *c)
   c->attempts = 0;
   c->up_since = r->answers;
   up = __atomic_add_fetch (&r->nr_ready, 1, __ATOMIC_SEQ_CST);
+  __atomic_add_fetch (&r->reconnects, 1, __ATOMIC_RELAXED);
   if (up == 1) {
+    uint64_t since = __atomic_exchange_n (&r->outage_since_ns, 0,
+                                          __ATOMIC_RELAXED);
+
+    if (since != 0 && now > since)
+      __atomic_add_fetch (&r->outage_ns, now - since, __ATOMIC_RELAXED);
     nbdkit_debug ("file=%s: reconnected", r->uri);
     r->outage_logged = false;
   }
@@ -2097,4 +2112,20 @@ remote_extents (struct remote *r, uint64_t offset, uint64_t count,
     n = 1;
   }
   return n;
+}
+
+void
+remote_stats (const struct remote *r, uint64_t now, struct stats_file_live *f)
+{
+  uint64_t since = __atomic_load_n (&r->outage_since_ns, __ATOMIC_RELAXED);
+
+  f->conns_up = __atomic_load_n (&r->nr_ready, __ATOMIC_SEQ_CST);
+  f->conns = r->info.nr_conns;
+  f->conns_lost = __atomic_load_n (&r->conns_lost, __ATOMIC_RELAXED);
+  f->reconnects = __atomic_load_n (&r->reconnects, __ATOMIC_RELAXED);
+  f->outage_ns = __atomic_load_n (&r->outage_ns, __ATOMIC_RELAXED);
+  f->in_outage = since != 0;
+  if (since != 0 && now > since)
+    f->outage_ns += now - since;
+  f->remote = true;
 }

@@ -115,6 +115,13 @@ extern struct remote *remote_open (const char *uri,
 extern void remote_close (struct remote *r);
 
 extern const struct remote_info *remote_info (const struct remote *r);
+
+/* The server's fields of f (stats.h: connections up, lost, reconnects,
+ * outage time up to now).  Any thread.
+ */
+extern void remote_stats (const struct remote *r, uint64_t now,
+                          struct stats_file_live *f)
+  __attribute__ ((__nonnull__ (1, 3)));
 extern const char *remote_uri (const struct remote *r);
 
 /* Start r's loop thread (context: .after_fork).  Returns 0 or -1 after
