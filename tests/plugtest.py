@@ -31,6 +31,26 @@ def stats_after(statsfile, n):
         time.sleep(0.01)
 
 
+def stats_until(statsfile, what, cond, timeout=120):
+    """The first report in statsfile (rewritten every stats-interval=)
+    for which cond(report) is true; exits naming what after timeout
+    seconds (a bound far above any interval: only a report that never
+    comes reaches it)."""
+    end = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < end:
+        try:
+            st = json.load(open(statsfile))
+            last = st
+            if cond(st):
+                return st
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+    sys.exit("%s: no report with %s within %d s; the last one: %s"
+             % (statsfile, what, timeout, json.dumps(last)[:2000]))
+
+
 # One line of strace -ttt -T -y: start time, call, fd, the fd's path,
 # the other arguments, the result, an errno name, the duration.
 _STRACE_LINE = re.compile(r"^(\d+\.\d+) (\w+)\((\d+)<([^>]*)>(.*)\) = "
