@@ -9,9 +9,10 @@
 # the 120 s bound is only for a report that never comes).
 # Shown able to fail: with the stats timer never started
 # (stats_rearm_locked's want forced false), "no report with ... within
-# 120 s" (the file never appears while the connection is open); with
-# the open connections left out of the live totals (write_statsfile_locked
-# not merging open_sum), "totals.client.write.ops 0, expected 8".
+# 120 s; the last one: null" (the file never appears while the
+# connection is open); with the open connections left out of the live
+# totals (write_statsfile_locked not merging open_sum), the same, with
+# the last report counting no write.
 source ./functions.sh
 set -e
 set -x

@@ -18,8 +18,8 @@
 # with a successful FLUSH not emptying the windows it covers
 # (stats_unflushed_flush_end's ok branch made a no-op), "after the FLUSH:
 # unflushed.bytes 12800, expected 0"; with nbdplug-stat printing no
-# unflushed line, "nbdplug-stat --once: no line 'unflushed: bytes=0
-# requests=0'".
+# unflushed line under that name, "nbdplug-stat --once: no line
+# 'unflushed: bytes=0 requests=0'".
 source ./functions.sh
 set -e
 set -x

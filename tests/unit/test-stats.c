@@ -263,11 +263,214 @@ test_line (void)
   free (l);
 }
 
+
+/* Histogram buckets: table-driven, with the edges of each bucket. */
+static void
+test_hist_buckets (void)
+{
+  static const struct { uint64_t us; unsigned bucket; } cases[] = {
+    { 0, 0 }, { 1, 1 }, { 2, 2 }, { 3, 2 }, { 4, 3 }, { 7, 3 }, { 8, 4 },
+    { 1023, 10 }, { 1024, 11 }, { 1000000, 20 },
+    { (UINT64_C (1) << 30) - 1, 30 }, { UINT64_C (1) << 30, 31 },
+    { UINT64_MAX, STATS_HIST_BUCKETS - 1 },
+  };
+  size_t i;
+  unsigned b;
+  bool good = true;
+
+  for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+    b = stats_hist_bucket (cases[i].us);
+    ok (b == cases[i].bucket, "%" PRIu64 " us -> bucket %u (got %u)",
+        cases[i].us, cases[i].bucket, b);
+  }
+  /* Every duration lies below its bucket's upper bound and at or above
+   * the one before.
+   */
+  for (i = 0; i < 62; ++i) {
+    uint64_t us = (UINT64_C (1) << i) + i;
+
+    b = stats_hist_bucket (us);
+    if (us >= stats_hist_upper_us (b) ||
+        (b > 0 && us < stats_hist_upper_us (b - 1)))
+      good = false;
+  }
+  ok (good, "each duration lies inside its bucket's bounds");
+  ok (stats_hist_upper_us (0) == 1 && stats_hist_upper_us (10) == 1024 &&
+      stats_hist_upper_us (STATS_HIST_BUCKETS - 1) == UINT64_MAX,
+      "upper bounds: 1 us, 2^i us, open at the last");
+}
+
+static void
+test_hist_add_percentile (void)
+{
+  struct stats_hist h = { 0 }, g = { 0 };
+  unsigned i;
+
+  ok (stats_hist_percentile_us (&h, 500) == 0, "empty: percentile 0");
+  /* 90 durations of 5 us (bucket [4, 8)), 10 of 3 ms ([2048, 4096)). */
+  for (i = 0; i < 90; ++i)
+    stats_hist_add (&h, 5000);
+  for (i = 0; i < 10; ++i)
+    stats_hist_add (&h, 3000000);
+  ok (h.count == 100 && h.sum_us == 90 * 5 + 10 * 3000,
+      "count 100, sum in us (%" PRIu64 ", %" PRIu64 ")", h.count, h.sum_us);
+  ok (h.bucket[3] == 90 && h.bucket[12] == 10,
+      "buckets 3 and 12 hold them (%" PRIu64 ", %" PRIu64 ")",
+      h.bucket[3], h.bucket[12]);
+  ok (stats_hist_percentile_us (&h, 500) == 8, "p50 below 8 us (%" PRIu64
+      ")", stats_hist_percentile_us (&h, 500));
+  ok (stats_hist_percentile_us (&h, 900) == 8, "p90: the 90th, below 8 us");
+  ok (stats_hist_percentile_us (&h, 910) == 4096,
+      "p91: the 91st, below 4096 us (%" PRIu64 ")",
+      stats_hist_percentile_us (&h, 910));
+  ok (stats_hist_percentile_us (&h, 0) == 8, "p0: the first");
+  ok (stats_hist_percentile_us (&h, 1000) == 4096, "p100: the last");
+  /* Under 1 us, and the serial variant counts the same. */
+  stats_hist_add_serial (&g, 999);
+  stats_hist_add_serial (&g, 5000);
+  ok (g.count == 2 && g.bucket[0] == 1 && g.bucket[3] == 1 && g.sum_us == 5,
+      "999 ns -> bucket 0; serial add counts like the atomic one");
+  stats_hist_merge (&g, &h);
+  ok (g.count == 102 && g.bucket[3] == 91 && g.bucket[12] == 10 &&
+      g.sum_us == h.sum_us + 5, "merge sums counts, sums and buckets");
+}
+
+static uint64_t
+unflushed_bytes (const struct stats_unflushed *u, uint64_t *reqs,
+                 uint64_t *oldest)
+{
+  struct stats_window w;
+
+  stats_unflushed_total (u, &w);
+  *reqs = w.requests;
+  *oldest = w.oldest_ns;
+  return w.bytes;
+}
+
+/* The unflushed window against a model: each acknowledgement is a
+ * record (bytes, time, covered), a FLUSH snapshots the records before
+ * it, a FLUSH that succeeds marks those covered.  Random interleavings
+ * of acks, FLUSH arrivals and answers (in any order, ok or failed).
+ */
+static void
+test_unflushed_model (void)
+{
+  enum { NACK = 4000, NFL = 64 };
+  static uint64_t ack_bytes[NACK], ack_ns[NACK];
+  static bool covered[NACK];
+  struct stats_flush_mark marks[NFL];
+  size_t flush_upto[NFL];       /* Acks before the FLUSH arrived. */
+  bool pending[NFL];
+  struct stats_unflushed u = { 0 };
+  size_t nack = 0, nfl = 0, i, k, step, bad = 0;
+  uint64_t seed = 12345, now = 1000;
+
+  for (step = 0; step < 20000 && nack < NACK; ++step) {
+    uint64_t r, bytes, reqs, oldest, mb = 0, mr = 0, mo = UINT64_MAX;
+
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    r = seed >> 33;
+    now += 1 + r % 7;
+    if (r % 10 < 6) {                   /* An acknowledgement. */
+      ack_bytes[nack] = 512 * (1 + r % 9);
+      ack_ns[nack] = now;
+      covered[nack] = false;
+      stats_unflushed_ack (&u, ack_bytes[nack], now);
+      nack++;
+    }
+    else if (r % 10 < 8 && nfl < NFL) { /* A FLUSH arrives. */
+      stats_unflushed_flush_begin (&u, &marks[nfl]);
+      flush_upto[nfl] = nack;
+      pending[nfl] = true;
+      nfl++;
+    }
+    else {                              /* A pending FLUSH is answered. */
+      bool okay = (r >> 8) % 3 != 0;
+
+      for (k = 0; k < nfl; ++k) {
+        size_t f = (k + (r >> 12)) % nfl;
+
+        if (!pending[f])
+          continue;
+        pending[f] = false;
+        stats_unflushed_flush_end (&u, &marks[f], okay);
+        if (okay)
+          for (i = 0; i < flush_upto[f]; ++i)
+            covered[i] = true;
+        break;
+      }
+    }
+    for (i = 0; i < nack; ++i)
+      if (!covered[i]) {
+        mb += ack_bytes[i];
+        mr++;
+        if (ack_ns[i] < mo)
+          mo = ack_ns[i];
+      }
+    bytes = unflushed_bytes (&u, &reqs, &oldest);
+    if (bytes != mb || reqs != mr || (mr > 0 && oldest != mo)) {
+      if (bad++ == 0)
+        printf ("# step %zu: bytes %" PRIu64 " (model %" PRIu64 "), requests %"
+              PRIu64 " (%" PRIu64 "), oldest %" PRIu64 " (%" PRIu64 ")\n",
+              step, bytes, mb, reqs, mr, oldest, mo);
+    }
+    /* The FLUSH marks can be reused once answered: keep a few slots. */
+    if (nfl == NFL) {
+      bool all = true;
+
+      for (k = 0; k < nfl; ++k)
+        all = all && !pending[k];
+      if (all)
+        nfl = 0;
+    }
+  }
+  ok (bad == 0, "the window equals the model at every one of %zu steps "
+      "(%zu acknowledgements; %zu mismatches)", step, nack, bad);
+}
+
+/* The table cases the shell test cannot make happen on demand. */
+static void
+test_unflushed_cases (void)
+{
+  struct stats_unflushed u = { 0 };
+  struct stats_flush_mark a, b;
+  uint64_t reqs, oldest;
+
+  stats_unflushed_ack (&u, 100, 10);
+  stats_unflushed_flush_begin (&u, &a);
+  stats_unflushed_ack (&u, 20, 20);
+  stats_unflushed_flush_begin (&u, &b);
+  stats_unflushed_ack (&u, 3, 30);
+  ok (unflushed_bytes (&u, &reqs, &oldest) == 123 && reqs == 3 &&
+      oldest == 10, "three windows: 123 bytes, oldest at 10");
+  stats_unflushed_flush_end (&u, &b, true);
+  ok (unflushed_bytes (&u, &reqs, &oldest) == 3 && reqs == 1 &&
+      oldest == 30, "the newer FLUSH answered first covers the older "
+      "window too");
+  stats_unflushed_flush_end (&u, &a, false);
+  ok (unflushed_bytes (&u, &reqs, &oldest) == 3,
+      "the older one answered later, even failed, changes nothing");
+
+  stats_unflushed_flush_begin (&u, &a);
+  stats_unflushed_ack (&u, 40, 40);
+  stats_unflushed_flush_begin (&u, &b);
+  stats_unflushed_flush_end (&u, &a, false);
+  ok (unflushed_bytes (&u, &reqs, &oldest) == 43 && oldest == 30,
+      "a failed FLUSH covers nothing (43 bytes, oldest at 30)");
+  stats_unflushed_flush_end (&u, &b, true);
+  ok (unflushed_bytes (&u, &reqs, &oldest) == 0 && reqs == 0 &&
+      u.head == NULL, "the next FLUSH covers what the failed one left");
+}
+
 int
 main (void)
 {
   test_merge ();
   test_json ();
   test_line ();
+  test_hist_buckets ();
+  test_hist_add_percentile ();
+  test_unflushed_cases ();
+  test_unflushed_model ();
   return done_testing ();
 }
