@@ -296,22 +296,18 @@ layout_seg_next (struct layout_seg_iter *it, uint64_t *buf_offset,
 }
 
 void
-layout_gather (const struct layout *l, uint64_t req_offset,
-               const struct layout_piece *pieces, size_t n,
-               const void *src, void *dst)
+layout_gather_piece (const struct layout *l, uint64_t req_offset,
+                     const struct layout_piece *piece, const void *src,
+                     void *dst)
 {
+  struct layout_seg_iter it;
+  uint64_t off, len;
   char *d = dst;
-  size_t i;
 
-  for (i = 0; i < n; ++i) {
-    struct layout_seg_iter it;
-    uint64_t off, len;
-
-    layout_seg_init (&it, l, req_offset, &pieces[i]);
-    while (layout_seg_next (&it, &off, &len)) {
-      memcpy (d, (const char *) src + off, len);
-      d += len;
-    }
+  layout_seg_init (&it, l, req_offset, piece);
+  while (layout_seg_next (&it, &off, &len)) {
+    memcpy (d, (const char *) src + off, len);
+    d += len;
   }
 }
 

@@ -171,16 +171,15 @@ extern int layout_seg_next (struct layout_seg_iter *it, uint64_t *buf_offset,
                             uint64_t *len)
   __attribute__ ((__nonnull__ (1, 2, 3)));
 
-/* Copy the request's data src (count bytes, as the client sent them)
- * into dst piece after piece, each piece's slices joined in file
- * order: piece i's bytes start at dst + the sum of the counts of
- * pieces 0 .. i-1.  pieces/n as layout_map_files gave them for
- * [req_offset, +count).
+/* Copy a piece's bytes out of the request's data src (as the client
+ * sent them, from export offset req_offset on) into dst, its slices
+ * joined in file order: piece->count bytes, what the piece writes to
+ * its file.
  */
-extern void layout_gather (const struct layout *l, uint64_t req_offset,
-                           const struct layout_piece *pieces, size_t n,
-                           const void *src, void *dst)
-  __attribute__ ((__nonnull__ (1, 3, 5, 6)));
+extern void layout_gather_piece (const struct layout *l, uint64_t req_offset,
+                                 const struct layout_piece *piece,
+                                 const void *src, void *dst)
+  __attribute__ ((__nonnull__ (1, 3, 4, 5)));
 
 /* Export offset of a byte of a backing file: the inverse of the mapping.
  * Used by extents and by tests.  Requires off < sizes[backing].

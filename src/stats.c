@@ -38,6 +38,8 @@ stats_merge (struct plug_stats *into, const struct plug_stats *from)
     into->unplugs[i] += from->unplugs[i];
   into->direct += from->direct;
   into->pooled += from->pooled;
+  into->pieces += from->pieces;
+  into->max_pieces = MAX (into->max_pieces, from->max_pieces);
   into->largest_requests = MAX (into->largest_requests,
                                 from->largest_requests);
   into->largest_bytes = MAX (into->largest_bytes, from->largest_bytes);
@@ -88,6 +90,9 @@ stats_json (const struct plug_stats *s, const char *mode)
   fprintf (fp, "\n  },\n");
   fprintf (fp, "  \"direct\": %" PRIu64 ",\n", s->direct);
   fprintf (fp, "  \"pooled\": %" PRIu64 ",\n", s->pooled);
+  fprintf (fp, "  \"pieces\": { \"total\": %" PRIu64
+           ", \"max_per_request\": %" PRIu64 " },\n",
+           s->pieces, s->max_pieces);
   fprintf (fp, "  \"largest_plug\": { \"requests\": %" PRIu64
            ", \"bytes\": %" PRIu64 " },\n",
            s->largest_requests, s->largest_bytes);

@@ -45,6 +45,12 @@ struct plug_stats {
                                  * pool (io-threads=), not issued by the
                                  * thread that made them; a retried run
                                  * counts each time. */
+  uint64_t pieces;              /* Pieces made for client requests
+                                 * (mutations, and the barriers of reads
+                                 * and block status): at most one per
+                                 * backing file each (layout_map_files),
+                                 * whatever the request's length. */
+  uint64_t max_pieces;          /* Most pieces of one request. */
   uint64_t largest_requests;    /* Most requests taken in one unplug. */
   uint64_t largest_bytes;       /* Most bytes taken in one unplug. */
   uint64_t held_total_ns;       /* Sum over requests of time held. */
@@ -102,7 +108,8 @@ stats_backend_of (enum plug_op op)
   return STATS_B_WRITE;         /* Not reached. */
 }
 
-/* into += from (sums; maxima for the largest/held_max fields). */
+/* into += from (sums; maxima for the max_pieces, largest and held_max
+ * fields). */
 extern void stats_merge (struct plug_stats *into,
                          const struct plug_stats *from)
   __attribute__ ((__nonnull__ (1, 2)));

@@ -505,8 +505,8 @@ test_random (void)
 
 /* layout_map_files over [offset, +count): at most one piece per file,
  * and the slices of every piece (layout_seg_next) map byte by byte as
- * naive_map says and cover the request exactly once; layout_gather
- * puts each byte where its piece's slices say.  Returns the number of
+ * naive_map says and cover the request exactly once;
+ * layout_gather_piece puts each byte where its piece's slices say.  Returns the number of
  * pieces, or -1 with a reason in *why.
  */
 static long
@@ -534,7 +534,8 @@ check_file_pieces (const struct layout *l, const uint64_t *sizes,
   assert (seen && src && dst);
   for (j = 0; j < count; ++j)
     src[j] = rnd ();
-  layout_gather (l, offset, pieces, n, src, dst);
+  for (i = 0, j = 0; i < n; j += pieces[i++].count)
+    layout_gather_piece (l, offset, &pieces[i], src, dst + j);
 
   for (i = 0; i < n; ++i) {
     const struct layout_piece *p = &pieces[i];
@@ -581,7 +582,7 @@ check_file_pieces (const struct layout *l, const uint64_t *sizes,
           goto out;
         }
         if (dst[packed + in_piece + j] != src[off + j]) {
-          *why = "layout_gather put a byte in the wrong place";
+          *why = "layout_gather_piece put a byte in the wrong place";
           goto out;
         }
       }
