@@ -506,8 +506,8 @@ test_random (void)
 /* layout_map_files over [offset, +count): at most one piece per file,
  * and the slices of every piece (layout_seg_next) map byte by byte as
  * naive_map says and cover the request exactly once;
- * layout_gather_piece puts each byte where its piece's slices say.  Returns the number of
- * pieces, or -1 with a reason in *why.
+ * layout_gather_piece puts each byte where its piece's slices say.
+ * Returns the number of pieces, or -1 with a reason in *why.
  */
 static long
 check_file_pieces (const struct layout *l, const uint64_t *sizes,
