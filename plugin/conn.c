@@ -100,19 +100,26 @@ conns_open (void)
   return nr_conns;
 }
 
+/* Pieces of a request mapped on the stack; more files take malloc. */
+#define STACK_PIECES 16
+
 /* A request for [offset, offset+count) of the export, with one piece per
- * backing-file piece.  count 0 (FLUSH, CLOSE, SHUTDOWN): no pieces.
- * room: bytes for a copy of the data in the same block (0: none).
- * Returns NULL after nbdkit_error.
+ * backing file it touches (layout_map_files): a 4 GiB zero over two
+ * striped files is two pieces, not one per stripe unit, so that what
+ * the engine does for it under eng_lock (add, sort, merge, look for
+ * overlaps) is bounded by the number of files, whatever the client
+ * sent.  count 0 (FLUSH, CLOSE, SHUTDOWN): no pieces.  room: bytes for
+ * a copy of the data in the same block (0: none).  The pieces' data
+ * is set later (request_set_data).  Returns NULL after nbdkit_error.
  */
 static struct request *
 request_new (enum eng_kind kind, uint64_t offset, uint64_t count,
              uint32_t flags, size_t room)
 {
+  struct layout_piece stack[STACK_PIECES], *lp = stack;
   struct layout_iter it;
-  struct layout_piece piece;
   struct request *r;
-  size_t n = 0, i = 0;
+  size_t n = 0, i;
   uint32_t pflags = 0;
 
   if (count > 0) {
@@ -124,12 +131,25 @@ request_new (enum eng_kind kind, uint64_t offset, uint64_t count,
       errno = EINVAL;
       return NULL;
     }
-    n = layout_nr_pieces (&layout, offset, count);
+    n = layout_nr_file_pieces (&layout, offset, count);
+  }
+  /* The cap of the engine's work per request: one piece per file. */
+  assert (n <= layout.nr);
+  if (n > STACK_PIECES && (lp = malloc (n * sizeof *lp)) == NULL) {
+    nbdkit_error ("malloc: %m");
+    return NULL;
+  }
+  if (n > 0) {
+    size_t mapped;
+    int ret = layout_map_files (&layout, offset, count, lp, &mapped);
+
+    assert (ret == 0 && mapped == n);
+    (void) ret;
   }
   r = request_alloc (n, room);
   if (r == NULL) {
     nbdkit_error ("calloc: %m");
-    return NULL;
+    goto out;
   }
   r->op.kind = kind;
   r->op.flags = flags;
@@ -142,45 +162,96 @@ request_new (enum eng_kind kind, uint64_t offset, uint64_t count,
   if (flags & ENG_F_FAST)
     pflags |= PLUG_F_FAST;
 
-  while (i < n) {
-    struct plug_req *p = &r->pieces[i++];
-
-    if (!layout_iter_next (&it, &piece))
-      abort ();                 /* n is layout_nr_pieces. */
+  for (i = 0; i < n; ++i) {
+    struct plug_req *p = &r->pieces[i];
 
     /* Reads are checked by conn_pread; a barrier for block status may
-     * be misaligned (that answer is "data" then).
+     * be misaligned (that answer is "data" then).  A piece starts
+     * where the request enters its file and ends where it leaves it,
+     * and the stripe is a multiple of every file's block size
+     * (check_stripe_alignment), so it is aligned when the request is.
      */
     if (kind <= ENG_TRIM &&
-        !backing_aligned (&backings[piece.backing], kind == ENG_WRITE ?
+        !backing_aligned (&backings[lp[i].backing], kind == ENG_WRITE ?
                           "write" : kind == ENG_ZERO ? "zero" : "trim",
-                          piece.offset, piece.count)) {
+                          lp[i].offset, lp[i].count)) {
       request_free (&r->op);
-      return NULL;
+      r = NULL;
+      goto out;
     }
 
     p->op = kind <= ENG_TRIM ? (enum plug_op) kind : PLUG_OP_WRITE;
     p->flags = pflags;
-    p->backing = piece.backing;
-    p->offset = piece.offset;
-    p->count = piece.count;
-    /* buf_offset is kept in buf until the data pointer is known. */
-    p->buf = (const void *) (uintptr_t) piece.buf_offset;
+    p->backing = lp[i].backing;
+    p->offset = lp[i].offset;
+    p->count = lp[i].count;
+    p->buf = NULL;
   }
+ out:
+  if (lp != stack)
+    free (lp);
   return r;
 }
 
-/* Point each piece at its slice of data (NULL for zero and trim). */
+/* Point each piece at its bytes in data (NULL for zero and trim).  The
+ * pieces' bytes follow each other in data, in the pieces' order:
+ * where the client put them when the pieces tile the request, and in
+ * a gathered copy otherwise (request_copy_data).
+ */
 static void
-request_set_data (struct request *r, const char *data, const char *old)
+request_set_data (struct request *r, const char *data)
 {
+  uint64_t off = 0;
   size_t i;
 
   for (i = 0; i < r->op.nr_pieces; ++i) {
-    uintptr_t off = (uintptr_t) ((const char *) r->pieces[i].buf - old);
-
     r->pieces[i].buf = data ? data + off : NULL;
+    off += r->pieces[i].count;
   }
+}
+
+/* Are a write's bytes for each file scattered over the client's
+ * buffer (striped, longer than one row of units)?  Then every mode
+ * writes from a copy gathered file by file: one pwrite per file, and
+ * the pieces stay one per file.
+ */
+static bool
+request_needs_gather (uint64_t offset, uint64_t count)
+{
+  return layout_range_scattered (&layout, offset, count);
+}
+
+/* Copy data (as the client sent it) into r's room, piece after piece,
+ * and point the pieces at the copy.
+ */
+static void
+request_copy_data (struct request *r, const char *data)
+{
+  char *d;
+  size_t i;
+
+  r->copy = request_room (r);
+  if (!request_needs_gather (r->op.offset, r->op.count))
+    memcpy (r->copy, data, r->op.count);
+  else
+    for (i = 0, d = r->copy; i < r->op.nr_pieces; d += r->pieces[i++].count) {
+      const struct layout_piece lp = {
+        .backing = r->pieces[i].backing,
+        .offset = r->pieces[i].offset,
+        .count = r->pieces[i].count,
+      };
+
+      layout_gather_piece (&layout, r->op.offset, &lp, data, d);
+    }
+  request_set_data (r, r->copy);
+}
+
+/* The statistics of the pieces made for a request of c. */
+static void
+count_pieces (struct conn *c, const struct request *r)
+{
+  STATS_ADD (c->stats.pieces, r->op.nr_pieces);
+  stats_max (&c->stats.max_pieces, r->op.nr_pieces);
 }
 
 /* Each nbdkit worker thread serves one connection.  When it exits (the
@@ -518,9 +589,7 @@ request_with_copy (struct request *r, const void *data)
   n->op = r->op;
   n->op.pieces = n->pieces;
   memcpy (n->pieces, r->pieces, r->op.nr_pieces * sizeof *n->pieces);
-  n->copy = request_room (n);
-  memcpy (n->copy, data, n->op.count);
-  request_set_data (n, n->copy, data);
+  request_copy_data (n, data);
   request_free (&r->op);
   return n;
 }
@@ -541,21 +610,21 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   struct waiter w;
   bool direct = false, submitted = false, acked = false;
   bool copy = needs_copy (data, r->op.flags);
-  bool copied = copy && r->room >= r->op.count;
+  bool gather = data && request_needs_gather (r->op.offset, r->op.count);
+  bool copied = (copy || gather) && r->room >= r->op.count;
   uint64_t now;
   int ret = 0;
 
+  /* conn_pwrite gave a scattered write its room. */
+  assert (!gather || copied);
   note_worker (c);
-  if (copied) {
+  if (copied)
     /* Copied before the lock (speculate_room): whether the write goes
      * direct or into the plug, one acquisition decides and submits.
      */
-    r->copy = request_room (r);
-    memcpy (r->copy, data, r->op.count);
-    request_set_data (r, r->copy, NULL);
-  }
+    request_copy_data (r, data);
   else
-    request_set_data (r, data, NULL);
+    request_set_data (r, data);
 
   glue_waiter_init (&w, c->id);
   r->op.waiter = &w;
@@ -569,7 +638,7 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
      * since nbdkit reuses its buffer once we return.  (On the direct
      * path it is not counted: the client waits.)
      */
-    if (copied)
+    if (copied && copy)
       r->op.bytes = r->op.count;
     ret = engine_submit (eng, c->ec, &r->op, now, &a.eng);
     acked = r->op.acked;        /* r may be reused once we unlock. */
@@ -620,8 +689,12 @@ conn_pwrite (struct conn *c, const void *buf, uint32_t count,
   if (fua)
     stats_count (&c->stats.client[STATS_C_FUA], count);
   r = request_new (ENG_WRITE, offset, count, fua ? ENG_F_FUA : 0,
+                   request_needs_gather (offset, count) ? count :
                    speculate_room (buf, fua ? ENG_F_FUA : 0, count));
-  if (r == NULL || submit_mutation (c, r, buf, "pwrite") == -1)
+  if (r == NULL)
+    return -1;
+  count_pieces (c, r);
+  if (submit_mutation (c, r, buf, "pwrite") == -1)
     return -1;
   stats_hist_add (&c->stats.latency[STATS_L_WRITE], now_ns () - start);
   return 0;
@@ -641,6 +714,7 @@ conn_zero (struct conn *c, uint32_t count, uint64_t offset,
                    (fast ? ENG_F_FAST : 0), 0);
   if (r == NULL)
     return -1;
+  count_pieces (c, r);
   return submit_mutation (c, r, NULL, "zero");
 }
 
@@ -655,6 +729,7 @@ conn_trim (struct conn *c, uint32_t count, uint64_t offset, bool fua)
   r = request_new (ENG_TRIM, offset, count, fua ? ENG_F_FUA : 0, 0);
   if (r == NULL)
     return -1;
+  count_pieces (c, r);
   return submit_mutation (c, r, NULL, "trim");
 }
 
@@ -699,6 +774,7 @@ conn_barrier (struct conn *c, uint64_t offset, uint64_t count)
   r = request_new (ENG_READ, offset, count, 0, 0);
   if (r == NULL)
     return -1;
+  count_pieces (c, r);
   if (submit_wait (c, r) == -1) {
     nbdkit_error ("waiting for held writes before reading: %m");
     return -1;

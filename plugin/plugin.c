@@ -138,6 +138,7 @@ DEFINE_VECTOR_TYPE (string_vector, char *)
 static string_vector files = empty_vector;   /* Owned: realpath copies,
                                               * or NBD URIs as given. */
 static uint64_t stripe;
+#define STRIPE_MIN 4096
 static char *statsfile;                      /* Owned. */
 
 static pthread_mutex_t stats_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -421,8 +422,18 @@ plugin_config (const char *key, const char *value)
     }
   }
   else if (strcmp (key, "stripe") == 0) {
-    if (parse_size_param (key, value, &stripe, 512, UINT32_MAX) == -1)
+    if (parse_size_param (key, value, &stripe, 1, UINT32_MAX) == -1)
       return -1;
+    /* Requests cost one piece per file whatever the stripe, but reads,
+     * block status and cache still walk it unit by unit (one pread or
+     * lseek each), and a unit smaller than a page splits every
+     * page-sized I/O of a client between files.
+     */
+    if (stripe < STRIPE_MIN) {
+      nbdkit_error ("stripe=%s: %" PRIu64 " bytes is too small: the "
+                    "smallest stripe is %d (4k)", value, stripe, STRIPE_MIN);
+      return -1;
+    }
     if (stripe % 512 != 0) {
       nbdkit_error ("stripe=%s: must be a multiple of 512", value);
       return -1;
@@ -1041,7 +1052,7 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 #define plugin_config_help \
   "file=PATH|URI           Backing file, block device or NBD URI (nbd://HOST:PORT/EXPORT,\n" \
   "                        nbd+unix:///EXPORT?socket=PATH, nbds://...); repeat: concatenated.\n" \
-  "stripe=SIZE             Stripe the files (RAID-0) in units of SIZE.\n" \
+  "stripe=SIZE             Stripe the files (RAID-0) in units of SIZE (>= 4k).\n" \
   "mode=writeback|hold     Acknowledge when held (default) or when written.\n" \
   "idle=DURATION           Unplug when no request came for this long (1ms).\n" \
   "max-delay=DURATION      Unplug when the oldest held request is this old (10ms).\n" \

@@ -21,8 +21,9 @@
 #include "plugin.h"
 #include "request.h"
 
-/* A recycled block has room for this many pieces: a request spans one
- * backing file, or a few at stripe or concatenation boundaries.
+/* A recycled block has room for this many pieces: a request has one
+ * per backing file it touches (layout_map_files), most often one, a
+ * few across a concatenation boundary or over a stripe row.
  */
 #define REQ_PIECES 4
 

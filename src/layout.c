@@ -7,6 +7,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,6 +196,119 @@ layout_nr_pieces (const struct layout *l, uint64_t offset, uint64_t count)
   if (l->stripe == 0)
     return concat_file (l, last) - concat_file (l, offset) + 1;
   return last / l->stripe - offset / l->stripe + 1;
+}
+
+/* The striped case of layout_map_files: the units of [offset, end)
+ * are u0 .. u1; file (u0 + j) % nr holds u0 + j, u0 + j + nr, ...,
+ * consecutive units of that file, so its part runs from where the
+ * range enters its first unit to where it leaves its last one.
+ */
+static size_t
+stripe_map_files (const struct layout *l, uint64_t offset, uint64_t count,
+                  struct layout_piece *pieces)
+{
+  const uint64_t stripe = l->stripe, nr = l->nr;
+  const uint64_t end = offset + count;
+  const uint64_t u0 = offset / stripe, u1 = (end - 1) / stripe;
+  size_t n = 0;
+  uint64_t j;
+
+  for (j = 0; j < nr && u0 + j <= u1; ++j) {
+    struct layout_piece *p = &pieces[n++];
+    uint64_t first = u0 + j;
+    uint64_t last = first + (u1 - first) / nr * nr;
+    uint64_t start = first == u0 ? offset : first * stripe;
+    uint64_t stop = last == u1 ? end : (last + 1) * stripe;
+
+    p->backing = first % nr;
+    p->offset = (first / nr) * stripe + start % stripe;
+    p->count = (last / nr) * stripe + (stop - last * stripe) - p->offset;
+    p->buf_offset = start - offset;
+  }
+  return n;
+}
+
+int
+layout_map_files (const struct layout *l, uint64_t offset, uint64_t count,
+                  struct layout_piece *pieces, size_t *n)
+{
+  struct layout_iter it;
+
+  *n = 0;
+  if (layout_iter_init (&it, l, offset, count) == -1)
+    return -1;
+  if (count == 0)
+    return 0;
+  if (l->stripe > 0) {
+    *n = stripe_map_files (l, offset, count, pieces);
+    return 0;
+  }
+  /* Concatenated: the iterator's pieces are already one per file. */
+  while (layout_iter_next (&it, &pieces[*n]))
+    ++*n;
+  return 0;
+}
+
+size_t
+layout_nr_file_pieces (const struct layout *l, uint64_t offset,
+                       uint64_t count)
+{
+  size_t units = layout_nr_pieces (l, offset, count);
+
+  return l->stripe > 0 ? MIN (units, l->nr) : units;
+}
+
+bool
+layout_range_scattered (const struct layout *l, uint64_t offset,
+                        uint64_t count)
+{
+  /* With one file, its units follow each other in the request too. */
+  return l->stripe > 0 && l->nr > 1 &&
+    layout_nr_pieces (l, offset, count) > l->nr;
+}
+
+void
+layout_seg_init (struct layout_seg_iter *it, const struct layout *l,
+                 uint64_t req_offset, const struct layout_piece *piece)
+{
+  it->l = l;
+  it->req_offset = req_offset;
+  it->backing = piece->backing;
+  it->offset = piece->offset;
+  it->left = piece->count;
+}
+
+int
+layout_seg_next (struct layout_seg_iter *it, uint64_t *buf_offset,
+                 uint64_t *len)
+{
+  const struct layout *l = it->l;
+
+  if (it->left == 0)
+    return 0;
+  *len = l->stripe > 0 ?
+    MIN (it->left, l->stripe - it->offset % l->stripe) : it->left;
+  *buf_offset = layout_export_offset (l, it->backing, it->offset) -
+    it->req_offset;
+  it->offset += *len;
+  it->left -= *len;
+  return 1;
+}
+
+void
+layout_gather_piece (const struct layout *l, uint64_t req_offset,
+                     const struct layout_piece *piece, const void *src,
+                     void *dst)
+{
+  struct layout_seg_iter it;
+  uint64_t off, len;
+  char *d = dst;
+
+  layout_seg_init (&it, l, req_offset, piece);
+  while (layout_seg_next (&it, &off, &len)) {
+    memcpy (d, (const char *) src + off, len);
+    d += len;
+  }
 }
 
 uint64_t

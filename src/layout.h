@@ -9,10 +9,12 @@
  * stripe unit k of the export lives in file k % nr at offset
  * (k / nr) * stripe.
  *
- * layout_map() turns an export range into pieces, each inside one
- * backing file.  The owner of a struct layout is the plugin's global
- * state; it is read-only once layout_init() succeeded, so any thread may
- * call layout_map() without a lock.
+ * layout_map_files() turns an export range into at most one piece per
+ * backing file (what a request is made of); the iterator gives one
+ * piece per stripe unit (what reads and block status walk).  The owner
+ * of a struct layout is the plugin's global state; it is read-only once
+ * layout_init() succeeded, so any thread may call the mapping functions
+ * without a lock.
  *
  * Invariants after layout_init(): nr >= 1, size > 0, and for stripe > 0
  * every file is the same multiple of stripe.
@@ -20,6 +22,7 @@
 #ifndef NBDPLUG_LAYOUT_H
 #define NBDPLUG_LAYOUT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -106,6 +109,77 @@ extern int layout_iter_next (struct layout_iter *it,
 extern size_t layout_nr_pieces (const struct layout *l, uint64_t offset,
                                 uint64_t count)
   __attribute__ ((__nonnull__ (1)));
+
+/* The range's part in each backing file it touches, at most l->nr
+ * pieces: O(nr), whatever the length.  Striped, the stripe units of a
+ * range that file f holds are units k, k + nr, k + 2 nr, ... of the
+ * export, which are consecutive units of f (unit k is at (k / nr) *
+ * stripe in file k % nr): their bytes form one contiguous range of f.
+ * Concatenated, a file's part of a range is contiguous anyway.
+ *
+ * Fills pieces[0 .. *n) (room for l->nr), ordered by buf_offset, the
+ * offset in the request of the piece's first byte.  Its other bytes
+ * are not, in general, next to it in the request: layout_seg_next
+ * lists the slices of the request that it joins, in file order.
+ * Returns 0, or -1 with errno EINVAL if the range is not inside the
+ * export (count 0 gives no piece).  Context: any thread.
+ */
+extern int layout_map_files (const struct layout *l, uint64_t offset,
+                             uint64_t count, struct layout_piece *pieces,
+                             size_t *n)
+  __attribute__ ((__nonnull__ (1, 4, 5)));
+
+/* How many pieces layout_map_files gives for a range that
+ * layout_iter_init accepted, in O(1) (striped) or O(log nr).
+ */
+extern size_t layout_nr_file_pieces (const struct layout *l, uint64_t offset,
+                                     uint64_t count)
+  __attribute__ ((__nonnull__ (1)));
+
+/* Does some piece of layout_map_files join slices of the request that
+ * are not next to each other?  (Striped over more than one file, a
+ * range longer than one row of units.)  If not, the pieces tile the
+ * request in order: piece i starts where piece i-1 ends.
+ */
+extern bool layout_range_scattered (const struct layout *l, uint64_t offset,
+                                   uint64_t count)
+  __attribute__ ((__nonnull__ (1)));
+
+/* The slices of the request [req_offset, ...) that a piece of
+ * layout_map_files joins, in the order of the file:
+ *
+ *   struct layout_seg_iter it;
+ *   uint64_t buf_offset, len;
+ *   layout_seg_init (&it, l, req_offset, &piece);
+ *   while (layout_seg_next (&it, &buf_offset, &len)) ...;
+ *
+ * One slice per stripe unit (one in all when concatenated).
+ */
+struct layout_seg_iter {
+  const struct layout *l;
+  uint64_t req_offset;          /* Export offset of the request. */
+  uint32_t backing;
+  uint64_t offset;              /* Next file offset. */
+  uint64_t left;                /* Bytes of the piece still to list. */
+};
+
+extern void layout_seg_init (struct layout_seg_iter *it,
+                             const struct layout *l, uint64_t req_offset,
+                             const struct layout_piece *piece)
+  __attribute__ ((__nonnull__ (1, 2, 4)));
+extern int layout_seg_next (struct layout_seg_iter *it, uint64_t *buf_offset,
+                            uint64_t *len)
+  __attribute__ ((__nonnull__ (1, 2, 3)));
+
+/* Copy a piece's bytes out of the request's data src (as the client
+ * sent them, from export offset req_offset on) into dst, its slices
+ * joined in file order: piece->count bytes, what the piece writes to
+ * its file.
+ */
+extern void layout_gather_piece (const struct layout *l, uint64_t req_offset,
+                                 const struct layout_piece *piece,
+                                 const void *src, void *dst)
+  __attribute__ ((__nonnull__ (1, 3, 4, 5)));
 
 /* Export offset of a byte of a backing file: the inverse of the mapping.
  * Used by extents and by tests.  Requires off < sizes[backing].

@@ -38,6 +38,8 @@ stats_merge (struct plug_stats *into, const struct plug_stats *from)
     into->unplugs[i] += from->unplugs[i];
   into->direct += from->direct;
   into->pooled += from->pooled;
+  into->pieces += from->pieces;
+  into->max_pieces = MAX (into->max_pieces, from->max_pieces);
   into->largest_requests = MAX (into->largest_requests,
                                 from->largest_requests);
   into->largest_bytes = MAX (into->largest_bytes, from->largest_bytes);
@@ -247,6 +249,9 @@ fields_json (FILE *fp, const struct plug_stats *s, const char *ind)
   fprintf (fp, "\n%s},\n", ind);
   fprintf (fp, "%s\"direct\": %" PRIu64 ",\n", ind, s->direct);
   fprintf (fp, "%s\"pooled\": %" PRIu64 ",\n", ind, s->pooled);
+  fprintf (fp, "%s\"pieces\": { \"total\": %" PRIu64
+           ", \"max_per_request\": %" PRIu64 " },\n",
+           ind, s->pieces, s->max_pieces);
   fprintf (fp, "%s\"largest_plug\": { \"requests\": %" PRIu64
            ", \"bytes\": %" PRIu64 " },\n", ind,
            s->largest_requests, s->largest_bytes);

@@ -73,6 +73,12 @@ struct plug_stats {
                                  * pool (io-threads=), not issued by the
                                  * thread that made them; a retried run
                                  * counts each time. */
+  uint64_t pieces;              /* Pieces made for client requests
+                                 * (mutations, and the barriers of reads
+                                 * and block status): at most one per
+                                 * backing file each (layout_map_files),
+                                 * whatever the request's length. */
+  uint64_t max_pieces;          /* Most pieces of one request. */
   uint64_t largest_requests;    /* Most requests taken in one unplug. */
   uint64_t largest_bytes;       /* Most bytes taken in one unplug. */
   uint64_t held_total_ns;       /* Sum over requests of time held. */
@@ -327,7 +333,8 @@ struct stats_report {
 extern char *stats_report_json (const struct stats_report *r)
   __attribute__ ((__nonnull__ (1)));
 
-/* into += from (sums; maxima for the largest/held_max fields). */
+/* into += from (sums; maxima for the max_pieces, largest and held_max
+ * fields). */
 extern void stats_merge (struct plug_stats *into,
                          const struct plug_stats *from)
   __attribute__ ((__nonnull__ (1, 2)));

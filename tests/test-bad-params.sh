@@ -139,8 +139,13 @@ bad "unknown parameter 'foo'" "$good" foo=bar
 bad "stripe=1MB" "$good" stripe=1MB
 bad "max-bytes=abc" "$good" max-bytes=abc
 bad "max-merge=1x" "$good" max-merge=1x
-bad "stripe=3000: must be a multiple of 512" "$good" stripe=3000
-bad "stripe=100" "$good" stripe=100
+bad "stripe=5000: must be a multiple of 512" "$good" stripe=5000
+bad "stripe=100: 100 bytes is too small: the smallest stripe is 4096" \
+    "$good" stripe=100
+bad "stripe=512: 512 bytes is too small: the smallest stripe is 4096" \
+    "$good" stripe=512
+bad "stripe=3584: 3584 bytes is too small" "$good" stripe=3584
+bad "stripe=0: must be between 1 and" "$good" stripe=0
 
 # Stripe layouts.
 bad "file=$tmp/odd.img: .*not a multiple of the stripe" \

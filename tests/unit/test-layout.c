@@ -503,6 +503,232 @@ test_random (void)
   }
 }
 
+/* layout_map_files over [offset, +count): at most one piece per file,
+ * and the slices of every piece (layout_seg_next) map byte by byte as
+ * naive_map says and cover the request exactly once;
+ * layout_gather_piece puts each byte where its piece's slices say.
+ * Returns the number of pieces, or -1 with a reason in *why.
+ */
+static long
+check_file_pieces (const struct layout *l, const uint64_t *sizes,
+                   uint64_t offset, uint64_t count, const char **why)
+{
+  struct layout_piece pieces[8];
+  unsigned char *seen, *src, *dst;
+  uint64_t packed = 0, j;
+  size_t n, i;
+  long ret = -1;
+
+  assert (l->nr <= 8);
+  if (layout_map_files (l, offset, count, pieces, &n) == -1) {
+    *why = "layout_map_files refused a range inside the export";
+    return -1;
+  }
+  if (n > l->nr || n != layout_nr_file_pieces (l, offset, count)) {
+    *why = "more pieces than files, or layout_nr_file_pieces disagrees";
+    return -1;
+  }
+  seen = calloc (1, count + 1);
+  src = malloc (count + 1);
+  dst = malloc (count + 1);
+  assert (seen && src && dst);
+  for (j = 0; j < count; ++j)
+    src[j] = rnd ();
+  for (i = 0, j = 0; i < n; j += pieces[i++].count)
+    layout_gather_piece (l, offset, &pieces[i], src, dst + j);
+
+  for (i = 0; i < n; ++i) {
+    const struct layout_piece *p = &pieces[i];
+    struct layout_seg_iter it;
+    uint64_t off, len, in_piece = 0;
+    size_t k;
+
+    for (k = 0; k < i; ++k)
+      if (pieces[k].backing == p->backing) {
+        *why = "two pieces in one file";
+        goto out;
+      }
+    if (p->count == 0 || p->offset + p->count > sizes[p->backing] ||
+        (i > 0 && p->buf_offset <= pieces[i - 1].buf_offset)) {
+      *why = "piece empty, outside its file or out of order";
+      goto out;
+    }
+    if (!layout_range_scattered (l, offset, count) &&
+        p->buf_offset != packed) {
+      *why = "not scattered, yet the pieces do not tile the request";
+      goto out;
+    }
+    layout_seg_init (&it, l, offset, p);
+    while (layout_seg_next (&it, &off, &len)) {
+      if (in_piece == 0 && off != p->buf_offset) {
+        *why = "first slice is not at the piece's buf_offset";
+        goto out;
+      }
+      if (len == 0 || off + len > count) {
+        *why = "slice empty or outside the request";
+        goto out;
+      }
+      for (j = 0; j < len; ++j) {
+        uint32_t b;
+        uint64_t fo;
+
+        naive_map (sizes, l->nr, l->stripe, offset + off + j, &b, &fo);
+        if (b != p->backing || fo != p->offset + in_piece + j) {
+          *why = "slice byte mapped differently from the reference";
+          goto out;
+        }
+        if (seen[off + j]++) {
+          *why = "a byte of the request is in two slices";
+          goto out;
+        }
+        if (dst[packed + in_piece + j] != src[off + j]) {
+          *why = "layout_gather_piece put a byte in the wrong place";
+          goto out;
+        }
+      }
+      in_piece += len;
+    }
+    if (in_piece != p->count) {
+      *why = "slices do not add up to the piece";
+      goto out;
+    }
+    packed += p->count;
+  }
+  for (j = 0; j < count; ++j)
+    if (!seen[j]) {
+      *why = "a byte of the request is in no piece";
+      goto out;
+    }
+  ret = n;
+ out:
+  free (seen);
+  free (src);
+  free (dst);
+  return ret;
+}
+
+/* Fixed per-file cases on 3 striped files of 4 units of 512 bytes (as
+ * test_stripe_fixed), and the 4 GiB range of two 2 GiB files.
+ */
+static void
+test_file_pieces_fixed (void)
+{
+  static const uint64_t sizes[] = { 2048, 2048, 2048 };
+  static const struct {
+    uint64_t offset, count;
+    size_t n;
+    struct { uint32_t backing; uint64_t offset, count, buf_offset; } p[3];
+  } cases[] = {
+    { 0, 512, 1, { { 0, 0, 512, 0 } } },
+    { 511, 2, 2, { { 0, 511, 1, 0 }, { 1, 0, 1, 1 } } },
+    { 1000, 600, 3, { { 1, 488, 24, 0 }, { 2, 0, 512, 24 },
+                      { 0, 512, 64, 536 } } },
+    /* Units 0..4: file 0 holds units 0 and 3, file 1 units 1 and 4. */
+    { 0, 2560, 3, { { 0, 0, 1024, 0 }, { 1, 0, 1024, 512 },
+                    { 2, 0, 512, 1024 } } },
+    /* Everything: each file whole. */
+    { 0, 6144, 3, { { 0, 0, 2048, 0 }, { 1, 0, 2048, 512 },
+                    { 2, 0, 2048, 1024 } } },
+    /* From the middle of unit 2 (file 2) to the middle of unit 9
+     * (file 0, its unit 3).
+     */
+    { 1100, 3800, 3, { { 2, 76, 1460, 0 }, { 0, 512, 1316, 436 },
+                       { 1, 512, 1024, 948 } } },
+  };
+  struct layout l;
+  enum layout_error why;
+  size_t bad, i, j;
+
+  assert (layout_init (&l, sizes, 3, 512, &why, &bad) == 0);
+  for (i = 0; i < ARRAY_SIZE (cases); ++i) {
+    struct layout_piece p[3];
+    size_t n;
+    bool good = layout_map_files (&l, cases[i].offset, cases[i].count,
+                                  p, &n) == 0 && n == cases[i].n;
+
+    for (j = 0; good && j < n; ++j)
+      good = p[j].backing == cases[i].p[j].backing &&
+        p[j].offset == cases[i].p[j].offset &&
+        p[j].count == cases[i].p[j].count &&
+        p[j].buf_offset == cases[i].p[j].buf_offset;
+    ok (good, "stripe [%" PRIu64 ", +%" PRIu64 ") is %zu file pieces",
+        cases[i].offset, cases[i].count, cases[i].n);
+  }
+  layout_free (&l);
+
+  /* The 4 GiB zero of test-stripe-bounded.sh: 2 pieces, not 2^20. */
+  {
+    const uint64_t G2 = UINT64_C (2) << 30;
+    const uint64_t big[2] = { G2, G2 };
+    struct layout_piece p[2];
+    size_t n;
+
+    assert (layout_init (&l, big, 2, 4096, &why, &bad) == 0);
+    ok (layout_map_files (&l, 0, 2 * G2 - 4096, p, &n) == 0 && n == 2 &&
+        p[0].backing == 0 && p[0].offset == 0 && p[0].count == G2 &&
+        p[1].backing == 1 && p[1].offset == 0 &&
+        p[1].count == G2 - 4096 && p[1].buf_offset == 4096 &&
+        layout_nr_pieces (&l, 0, 2 * G2 - 4096) == (G2 >> 11) - 1,
+        "4 GiB - 4 KiB over two striped 2 GiB files: 2 pieces "
+        "(2^20 - 1 stripe units)");
+    ok (layout_map_files (&l, 4096, 2 * G2 - 4096, p, &n) == 0 &&
+        n == 2 && p[0].backing == 1 && p[0].count == G2 &&
+        p[1].backing == 0 && p[1].offset == 4096 &&
+        p[1].count == G2 - 4096,
+        "the same range from unit 1: file 1 first");
+    layout_free (&l);
+  }
+}
+
+/* Random layouts and ranges against naive_map, per file. */
+static void
+test_file_pieces_random (void)
+{
+  static const size_t nrs[] = { 1, 2, 3, 5, 8 };
+  size_t t;
+
+  for (t = 0; t < 2 * ARRAY_SIZE (nrs); ++t) {
+    uint64_t sizes[8], stripe = 0;
+    size_t nr = nrs[t / 2], i;
+    struct layout l;
+    enum layout_error why;
+    size_t bad;
+    const char *reason = "";
+    bool good = true;
+    long pieces = 0, scattered = 0;
+    unsigned iter;
+
+    rng_state = 0x5eed + t;
+    if (t & 1) {
+      uint64_t units = 2 + rnd_below (5);
+
+      stripe = 512 * (1 + rnd_below (8));
+      for (i = 0; i < nr; ++i)
+        sizes[i] = units * stripe;
+    }
+    else
+      for (i = 0; i < nr; ++i)
+        sizes[i] = rnd_below (4) == 0 ? 1 : 1 + rnd_below (3000);
+    assert (layout_init (&l, sizes, nr, stripe, &why, &bad) == 0);
+    for (iter = 0; iter < 500 && good; ++iter) {
+      uint64_t off = rnd_below (l.size);
+      uint64_t cnt = rnd_below (4) == 0
+        ? l.size - off : rnd_below (l.size - off + 1);
+      long n = check_file_pieces (&l, sizes, off, cnt, &reason);
+
+      if (n == -1)
+        good = false;
+      pieces += n;
+      scattered += layout_range_scattered (&l, off, cnt);
+    }
+    ok (good, "file pieces, random %s layout (%zu files, size %" PRIu64
+        "): %ld pieces, %ld scattered ranges, slices cover each range "
+        "exactly%s%s", stripe ? "stripe" : "concat", nr, l.size, pieces,
+        scattered, good ? "" : ": ", reason);
+    layout_free (&l);
+  }
+}
+
 int
 main (void)
 {
@@ -511,5 +737,7 @@ main (void)
   test_stripe_fixed ();
   test_bounds ();
   test_random ();
+  test_file_pieces_fixed ();
+  test_file_pieces_random ();
   return done_testing ();
 }
