@@ -57,6 +57,12 @@ struct config {
                                  * URI (where it allows multi-conn). */
   unsigned remote_queue_depth;  /* remote-queue-depth=: runs in flight
                                  * per NBD URI. */
+  uint64_t connect_timeout_ns;  /* connect-timeout=: one attempt to
+                                 * connect to an NBD server. */
+  uint64_t connect_retry_ns;    /* connect-retry=: keep trying at start
+                                 * for this long. */
+  const char *connect_timeout_text;  /* Both as given (or the default). */
+  const char *connect_retry_text;
 };
 
 extern struct config cfg;
