@@ -51,6 +51,7 @@
 #include "plugin.h"
 #include "ratelimit.h"
 #include "remote.h"
+#include "threads.h"
 
 /* The NBD spec's portable maximum payload when a server advertises
  * none ("a client ... SHOULD NOT send a request larger than 32 MiB").
@@ -1960,6 +1961,7 @@ loop_thread (void *vr)
 {
   struct remote *r = vr;
 
+  thread_setup (THREAD_NAME_REMOTE);
   ev_run (r->loop, 0);
   return NULL;
 }
