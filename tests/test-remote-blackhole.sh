@@ -51,13 +51,18 @@ else:
 time.sleep(3600)
 EOF
 
+# start_blackhole KIND [SOCKET]: the helper's line goes to $tmp/bh-KIND.out
+# (one file per helper: the shell truncates it in the child, so a shared
+# one could still show the previous helper's line to the wait below).
 start_blackhole ()
 {
-  /usr/bin/python3 "$tmp/blackhole.py" "$@" > "$tmp/bh.out" &
+  bh_out=$tmp/bh-$1.out
+  rm -f "$bh_out"
+  /usr/bin/python3 "$tmp/blackhole.py" "$@" > "$bh_out" &
   bh_pid=$!
   cleanup_fn kill "$bh_pid"
   for ((i = 0; i < 100; ++i)); do
-    grep -q '^ready' "$tmp/bh.out" && return 0
+    grep -qs '^ready' "$bh_out" && return 0
     sleep 0.1
   done
   fail "the black hole helper did not start"
@@ -65,7 +70,7 @@ start_blackhole ()
 
 # ---- TCP: the SYN is dropped; one attempt ----
 start_blackhole tcp
-read -r _ _ port how < "$tmp/bh.out"
+read -r _ _ port how < "$bh_out"
 echo "black hole on 127.0.0.1:$port: a further SYN is $how"
 uri="nbd://127.0.0.1:$port/"
 rc=0
