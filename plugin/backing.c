@@ -44,6 +44,10 @@ remote_backing_open (struct backing *b, const char *uri)
   struct remote_config rc = {
     .max_conns = cfg.remote_connections,
     .retry = cfg.retry,
+    .connect_timeout_ns = cfg.connect_timeout_ns,
+    .connect_retry_ns = cfg.connect_retry_ns,
+    .connect_timeout_text = cfg.connect_timeout_text,
+    .connect_retry_text = cfg.connect_retry_text,
   };
   const struct remote_info *i;
 

@@ -18,6 +18,7 @@
 #include "cleanup.h"
 #include "glue.h"
 #include "iopool.h"
+#include "threads.h"
 
 /* Protected by lock. */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -32,6 +33,8 @@ static unsigned nr_threads;
 static void *
 pool_thread (void *arg)
 {
+  thread_setup (THREAD_NAME_IO);
+
   for (;;) {
     struct eng_run *r = NULL;
     struct eng_sync *s = NULL;

@@ -29,6 +29,7 @@
 
 #include "glue.h"
 #include "plugin.h"
+#include "threads.h"
 
 /* Read-only while the thread runs. */
 static struct ev_loop *loop;
@@ -162,6 +163,7 @@ timer_cb (struct ev_loop *l, ev_timer *w, int revents)
 static void *
 timer_thread (void *arg)
 {
+  thread_setup (THREAD_NAME_TIMER);
   ev_run (loop, 0);
   return NULL;
 }

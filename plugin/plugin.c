@@ -106,6 +106,20 @@ NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
 #define DEFAULT_STATS_INTERVAL_NS 2000000000ULL /* 2 s */
 #define DEFAULT_REMOTE_CONNECTIONS      4
 #define DEFAULT_REMOTE_QUEUE_DEPTH     64
+/* One attempt to connect to an NBD server (TCP connect, TLS and NBD
+ * handshakes): a server that is up answers in milliseconds, one across
+ * a slow WAN with TLS in well under a second; without a bound a
+ * black-holed address waits for the kernel's SYN retries (about 127 s
+ * with net.ipv4.tcp_syn_retries=6).  As long as retry-timeout='s
+ * default, the longest a client is kept waiting for a server.
+ */
+#define DEFAULT_CONNECT_TIMEOUT_NS 10000000000ULL /* 10 s */
+#define DEFAULT_CONNECT_TIMEOUT_TEXT "10s"
+/* One attempt at start, as nbdkit-nbd-plugin's retry=0: a mistyped URI
+ * fails at once.  A plug started beside its storage sets it.
+ */
+#define DEFAULT_CONNECT_RETRY_NS   0
+#define DEFAULT_CONNECT_RETRY_TEXT "0"
 
 struct config cfg = {
   .mode = MODE_WRITEBACK,
@@ -129,6 +143,10 @@ struct config cfg = {
   .remote_connections = DEFAULT_REMOTE_CONNECTIONS,
   .remote_queue_depth = DEFAULT_REMOTE_QUEUE_DEPTH,
   .stats_interval_ns = DEFAULT_STATS_INTERVAL_NS,
+  .connect_timeout_ns = DEFAULT_CONNECT_TIMEOUT_NS,
+  .connect_retry_ns = DEFAULT_CONNECT_RETRY_NS,
+  .connect_timeout_text = DEFAULT_CONNECT_TIMEOUT_TEXT,
+  .connect_retry_text = DEFAULT_CONNECT_RETRY_TEXT,
 };
 struct layout layout;
 struct backing *backings;
@@ -495,6 +513,21 @@ plugin_config (const char *key, const char *value)
   else if (strcmp (key, "remote-queue-depth") == 0)
     return parse_count_param (key, value, &cfg.remote_queue_depth,
                               1, 1 << 16);
+  else if (strcmp (key, "connect-timeout") == 0) {
+    if (parse_duration_param (key, value, &cfg.connect_timeout_ns) == -1)
+      return -1;
+    if (cfg.connect_timeout_ns == 0) {
+      nbdkit_error ("connect-timeout=%s: must be greater than 0 "
+                    "(no attempt could ever finish)", value);
+      return -1;
+    }
+    cfg.connect_timeout_text = value;   /* nbdkit keeps it. */
+  }
+  else if (strcmp (key, "connect-retry") == 0) {
+    if (parse_duration_param (key, value, &cfg.connect_retry_ns) == -1)
+      return -1;
+    cfg.connect_retry_text = value;
+  }
   else if (strcmp (key, "retry-delay") == 0) {
     if (parse_duration_param (key, value, &cfg.retry.delay_ns) == -1)
       return -1;
@@ -779,6 +812,9 @@ plugin_dump_plugin (void)
           DEFAULT_REMOTE_CONNECTIONS);
   printf ("plug_remote_queue_depth_default=%d\n",
           DEFAULT_REMOTE_QUEUE_DEPTH);
+  printf ("plug_connect_timeout_default=%s\n",
+          DEFAULT_CONNECT_TIMEOUT_TEXT);
+  printf ("plug_connect_retry_default=%s\n", DEFAULT_CONNECT_RETRY_TEXT);
   printf ("plug_shared_default=no\n");
   printf ("plug_stats_interval_default=2s\n");
   printf ("plug_libev=%d.%d\n", ev_version_major (), ev_version_minor ());
@@ -1063,6 +1099,8 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   "io-threads=N            Threads issuing backend I/O, all connections (16).\n" \
   "remote-connections=N    NBD connections per URI if it allows multi-conn (4).\n" \
   "remote-queue-depth=N    Backend I/Os in flight per NBD URI, all connections (64).\n" \
+  "connect-timeout=DURATION One attempt to connect to an NBD server (10s).\n" \
+  "connect-retry=DURATION  At start, keep trying an NBD server this long (0: once).\n" \
   "direct=auto|never       Write what cannot merge at once, unplugged (auto).\n" \
   "direct-size=SIZE        With direct=auto, also requests this large (64k;\n" \
   "                        1M with an NBD server as a backing file; 0: off).\n" \

@@ -60,6 +60,12 @@ struct config {
   uint64_t stats_interval_ns;   /* stats-interval=: rewrite statsfile=
                                  * this often while connections are
                                  * open; 0: only at close and exit. */
+  uint64_t connect_timeout_ns;  /* connect-timeout=: one attempt to
+                                 * connect to an NBD server. */
+  uint64_t connect_retry_ns;    /* connect-retry=: keep trying at start
+                                 * for this long. */
+  const char *connect_timeout_text;  /* Both as given (or the default). */
+  const char *connect_retry_text;
 };
 
 extern struct config cfg;

@@ -26,6 +26,8 @@
 #include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
@@ -35,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <ev.h>
 #include <libnbd.h>
@@ -48,6 +51,7 @@
 #include "plugin.h"
 #include "ratelimit.h"
 #include "remote.h"
+#include "threads.h"
 
 /* The NBD spec's portable maximum payload when a server advertises
  * none ("a client ... SHOULD NOT send a request larger than 32 MiB").
@@ -60,10 +64,13 @@
 #define MAX_NO_PAYLOAD (UINT64_C (1) << 31)
 /* Zeroes written where the server cannot zero: one shared buffer. */
 #define ZERO_BUF_SIZE (1024 * 1024)
-/* A connection attempt that takes longer is abandoned (a TCP connect
- * to a host that drops packets would otherwise hang it).
+/* At start, a server that could not be connected to is tried again
+ * after 100 ms, then after twice as long each time, up to every second
+ * (nbdkit-nbd-plugin's retry= waits 1 s): refusals cost nothing, and
+ * the plug is up at most a second after its server.
  */
-#define CONNECT_TIMEOUT_NS 10000000000ULL
+#define START_RETRY_NS 100000000ULL
+#define START_RETRY_MAX_NS 1000000000ULL
 /* A server that came back with an export that differs from the one
  * learnt at start serves something else until somebody fixes it: a
  * lasting condition, not a blip that the reconnect backoff
@@ -426,11 +433,180 @@ export_differs (const struct remote *r, struct nbd_handle *h,
   return off > 0;
 }
 
+/* ---- connecting at start ---- */
+
+enum attempt_state {
+  ATTEMPT_CONNECTING,           /* Handshake under way. */
+  ATTEMPT_READY,                /* Connected: h is ready for commands. */
+  ATTEMPT_FAILED,               /* h is closed; why says why. */
+};
+
+/* One connection attempt of connect_together. */
+struct attempt {
+  struct nbd_handle *h;
+  enum attempt_state state;
+  char why[256];
+};
+
+static void
+attempt_fail (struct attempt *a, const char *why)
+{
+  snprintf (a->why, sizeof a->why, "%s", why);
+  nbd_close (a->h);
+  a->h = NULL;
+  a->state = ATTEMPT_FAILED;
+}
+
+/* After a notify: ready, dead, or still handshaking. */
+static void
+attempt_check (struct attempt *a)
+{
+  if (nbd_aio_is_ready (a->h))
+    a->state = ATTEMPT_READY;
+  else if (nbd_aio_is_dead (a->h) || nbd_aio_is_closed (a->h))
+    attempt_fail (a, "the server closed the connection");
+}
+
+/* Start n connections to uri and drive their handshakes together with
+ * poll(2) until each is ready or failed: those still handshaking after
+ * timeout_ns (connect-timeout=) fail with "timed out".  libnbd's
+ * nbd_connect_uri has no timeout: a SYN to an address that drops
+ * packets would wait for the kernel's retries.  (Resolving a host name
+ * is not bounded: libnbd calls getaddrinfo before the first poll.)
+ */
+static void
+connect_together (const struct remote_config *rcfg, const char *uri,
+                  struct attempt *a, unsigned n)
+{
+  uint64_t deadline = eng_add_ns (now_ns (), rcfg->connect_timeout_ns);
+  struct pollfd fds[REMOTE_MAX_CONNS];
+  unsigned idx[REMOTE_MAX_CONNS];
+  unsigned i, k;
+
+  assert (n <= REMOTE_MAX_CONNS);
+  for (i = 0; i < n; ++i) {
+    a[i].state = ATTEMPT_CONNECTING;
+    a[i].why[0] = '\0';
+    a[i].h = new_handle ();
+    if (a[i].h == NULL)
+      attempt_fail (&a[i], nbd_get_error ());
+    else if (nbd_aio_connect_uri (a[i].h, uri) == -1)
+      attempt_fail (&a[i], nbd_get_error ());
+    else
+      attempt_check (&a[i]);
+  }
+  for (;;) {
+    uint64_t now = now_ns ();
+    int ms, r;
+
+    for (i = k = 0; i < n; ++i) {
+      unsigned dir;
+
+      if (a[i].state != ATTEMPT_CONNECTING)
+        continue;
+      if (now >= deadline) {
+        char why[128];
+
+        snprintf (why, sizeof why, "timed out after connect-timeout=%s",
+                  rcfg->connect_timeout_text);
+        attempt_fail (&a[i], why);
+        continue;
+      }
+      dir = nbd_aio_get_direction (a[i].h);
+      fds[k].fd = nbd_aio_get_fd (a[i].h);
+      fds[k].events = ((dir & LIBNBD_AIO_DIRECTION_READ) ? POLLIN : 0) |
+        ((dir & LIBNBD_AIO_DIRECTION_WRITE) ? POLLOUT : 0);
+      fds[k].revents = 0;
+      idx[k++] = i;
+    }
+    if (k == 0)
+      return;
+    /* Round up: never spin on a sub-millisecond remainder. */
+    ms = (int) MIN ((deadline - now + 999999) / 1000000, (uint64_t) INT_MAX);
+    r = poll (fds, k, ms);
+    if (r == -1 && errno != EINTR) {
+      for (i = 0; i < k; ++i)
+        attempt_fail (&a[idx[i]], strerror (errno));
+      return;
+    }
+    for (i = 0; i < k && r > 0; ++i) {
+      struct attempt *at = &a[idx[i]];
+      unsigned dir = nbd_aio_get_direction (at->h);
+      int rv = 0;
+
+      if (fds[i].revents == 0)
+        continue;
+      /* An error or hangup is reported to whichever side libnbd waits
+       * on: it reads SO_ERROR or gets EOF and says why.
+       */
+      if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) &&
+          (dir & LIBNBD_AIO_DIRECTION_READ))
+        rv = nbd_aio_notify_read (at->h);
+      else if (dir & LIBNBD_AIO_DIRECTION_WRITE)
+        rv = nbd_aio_notify_write (at->h);
+      if (rv == -1)
+        attempt_fail (at, nbd_get_error ());
+      else
+        attempt_check (at);
+    }
+  }
+}
+
+/* The first connection to uri, tried until connect-retry= ran out.
+ * Returns the ready handle, or NULL after nbdkit_error.
+ */
+static struct nbd_handle *
+connect_first (const struct remote_config *rcfg, const char *uri)
+{
+  uint64_t start = now_ns ();
+  uint64_t give_up = eng_add_ns (start, rcfg->connect_retry_ns);
+  unsigned attempts = 0;
+  struct attempt a;
+
+  for (;;) {
+    uint64_t delay, now;
+
+    connect_together (rcfg, uri, &a, 1);
+    attempts++;
+    if (a.state == ATTEMPT_READY)
+      break;
+    now = now_ns ();
+    delay = START_RETRY_NS << (attempts < 8 ? attempts - 1 : 7);
+    delay = MIN (delay, START_RETRY_MAX_NS);
+    if (rcfg->connect_retry_ns == 0 || eng_add_ns (now, delay) >= give_up) {
+      if (attempts == 1)
+        nbdkit_error ("file=%s: cannot connect to the NBD server: %s",
+                      uri, a.why);
+      else
+        nbdkit_error ("file=%s: cannot connect to the NBD server: %s "
+                      "(gave up after %u attempts in %.1f s, "
+                      "connect-retry=%s)", uri, a.why, attempts,
+                      (now - start) / 1e9, rcfg->connect_retry_text);
+      return NULL;
+    }
+    nbdkit_debug ("file=%s: connection attempt %u failed: %s; trying "
+                  "again in %.1f s", uri, attempts, a.why, delay / 1e9);
+    {
+      struct timespec ts = {
+        .tv_sec = delay / 1000000000, .tv_nsec = delay % 1000000000
+      };
+
+      while (nanosleep (&ts, &ts) == -1 && errno == EINTR)
+        ;
+    }
+  }
+  if (attempts > 1)
+    nbdkit_debug ("file=%s: connected at attempt %u, after %.1f s",
+                  uri, attempts, (now_ns () - start) / 1e9);
+  return a.h;
+}
+
 struct remote *
 remote_open (const char *uri, const struct remote_config *rcfg)
 {
   struct remote *r;
   struct nbd_handle *h;
+  struct attempt more[REMOTE_MAX_CONNS - 1];
   unsigned i, n;
   char why[256];
 
@@ -454,17 +630,9 @@ remote_open (const char *uri, const struct remote_config *rcfg)
     r->conns[i].state = RCONN_DOWN;
   }
 
-  h = new_handle ();
-  if (h == NULL) {
-    nbdkit_error ("file=%s: nbd_create: %s", uri, nbd_get_error ());
+  h = connect_first (rcfg, uri);
+  if (h == NULL)
     goto err;
-  }
-  if (nbd_connect_uri (h, uri) == -1) {
-    nbdkit_error ("file=%s: cannot connect to the NBD server: %s",
-                  uri, nbd_get_error ());
-    nbd_close (h);
-    goto err;
-  }
   if (read_info (uri, h, &r->info) == -1) {
     nbd_close (h);
     goto err;
@@ -481,20 +649,25 @@ remote_open (const char *uri, const struct remote_config *rcfg)
   n = r->info.can_multi_conn ? MAX (rcfg->max_conns, 1u) : 1;
   n = MIN (n, (unsigned) REMOTE_MAX_CONNS);
   r->info.nr_conns = n;
+  /* The others at once: a slow server costs one handshake time, not
+   * n - 1 of them.  Those that fail are tried again by the loop.
+   */
+  connect_together (rcfg, uri, more, n - 1);
   for (i = 1; i < n; ++i) {
     struct rconn *c = &r->conns[i];
+    struct attempt *a = &more[i - 1];
 
-    h = new_handle ();
-    if (h == NULL || nbd_connect_uri (h, uri) == -1 ||
-        export_differs (r, h, why, sizeof why)) {
-      /* The loop tries it again later. */
-      open_failed (r, c, h == NULL ? "nbd_create failed"
-                   : nbd_aio_is_ready (h) ? why : nbd_get_error ());
-      nbd_close (h);
+    if (a->state != ATTEMPT_READY) {
+      open_failed (r, c, a->why);
       continue;
     }
-    c->nbd = h;
-    c->fd = nbd_aio_get_fd (h);
+    if (export_differs (r, a->h, why, sizeof why)) {
+      open_failed (r, c, why);
+      nbd_close (a->h);
+      continue;
+    }
+    c->nbd = a->h;
+    c->fd = nbd_aio_get_fd (a->h);
     c->state = RCONN_READY;
     r->nr_ready++;
   }
@@ -1528,8 +1701,7 @@ start_connect (struct remote *r, struct rconn *c)
   c->fd = nbd_aio_get_fd (h);
   c->state = RCONN_CONNECTING;
   c->connect_deadline_ns =
-    eng_add_ns (now_ns (), MAX (CONNECT_TIMEOUT_NS,
-                                r->cfg.retry.timeout_ns));
+    eng_add_ns (now_ns (), r->cfg.connect_timeout_ns);
 }
 
 /* A reconnect finished its handshake.  Returns false if the export is
@@ -1804,6 +1976,7 @@ loop_thread (void *vr)
 {
   struct remote *r = vr;
 
+  thread_setup (THREAD_NAME_REMOTE);
   ev_run (r->loop, 0);
   return NULL;
 }

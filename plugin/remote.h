@@ -98,6 +98,12 @@ struct remote_config {
                                  * reads and flushes while the server is
                                  * unreachable; reconnects back off from
                                  * retry-delay= to retry-max-delay=. */
+  uint64_t connect_timeout_ns;  /* connect-timeout=: one attempt (TCP
+                                 * connect, TLS and NBD handshakes). */
+  uint64_t connect_retry_ns;    /* connect-retry=: how long remote_open
+                                 * keeps trying; 0: one attempt. */
+  const char *connect_timeout_text;  /* Both as given, for messages. */
+  const char *connect_retry_text;
 };
 
 /* Is name an NBD URI (one of libnbd's schemes)?  Nothing else of the
@@ -105,8 +111,11 @@ struct remote_config {
  */
 extern bool remote_is_uri (const char *name);
 
-/* Connect to uri, synchronously (context: .get_ready).  Returns NULL
- * after nbdkit_error naming the URI and libnbd's message.
+/* Connect to uri, synchronously (context: .get_ready): the first
+ * connection alone (it tells whether the server allows more), tried
+ * again until connect-retry= ran out, each attempt bounded by
+ * connect-timeout=; then the others at once, in parallel.  Returns NULL
+ * after nbdkit_error naming the URI, libnbd's message and the attempts.
  */
 extern struct remote *remote_open (const char *uri,
                                    const struct remote_config *rcfg);

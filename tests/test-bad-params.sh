@@ -172,6 +172,9 @@ bad "io-threads=0" "$good" io-threads=0
 bad "remote-connections=0" "$good" remote-connections=0
 bad "remote-connections=17" "$good" remote-connections=17
 bad "remote-queue-depth=0" "$good" remote-queue-depth=0
+bad "connect-timeout=0: must be greater than 0" "$good" connect-timeout=0
+bad "connect-timeout=soon" "$good" connect-timeout=soon
+bad "connect-retry=-1" "$good" connect-retry=-1
 bad "direct=sometimes" "$good" direct=sometimes
 
 # And over the whole test.

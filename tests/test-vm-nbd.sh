@@ -13,6 +13,9 @@
 #    clean fs (e2fsck -fn) with the same checksums;
 #  * nbdkit exits 0 on SIGTERM and the two backing files, joined, hold the
 #    same clean fs (e2fsck, debugfs rdump, checksums);
+#  * every thread the plug started (plug-timer, 16 plug-io) is an I/O
+#    flusher, nbdkit's main thread is not (PR_SET_IO_FLUSHER, root in the
+#    guest has CAP_SYS_RESOURCE);
 #  * the plug merges: its statsfile shows client write ops > backend write
 #    ops, in both modes (checked on the host), with direct-size=1M (the
 #    default in front of an NBD server; on local files the default, 64k,
@@ -64,5 +67,32 @@ for e in errors:
 sys.exit(1 if errors else 0)
 PY
     fail "$mode: statistics check failed"
+  # In front of a local /dev/nbd, as root: every thread the plug started
+  # is an I/O flusher (PF_MEMALLOC_NOIO | PF_LOCAL_THROTTLE), nbdkit's
+  # main thread is not (tests/test-io-flusher.sh on a host that allows
+  # PR_SET_IO_FLUSHER).
+  [ "${PLUGIN_KIND:-plug}" = plug ] || continue
+  vm_section "$tmp/nbd.log" "threads-$mode" > "$tmp/threads-$mode"
+  /usr/bin/python3 - "$tmp/threads-$mode" <<'PY' ||
+import collections, sys
+BITS = 0x00080000 | 0x00100000
+n, flushers, main = collections.Counter(), collections.Counter(), None
+lines = open(sys.argv[1]).read().split("\n")
+tids = [l.split() for l in lines if l.strip()]
+first = min(int(t[0]) for t in tids)
+for tid, comm, flags in tids:
+    have = int(flags) & BITS == BITS
+    if int(tid) == first:
+        main = have
+    elif comm.startswith("plug-"):
+        n[comm] += 1
+        flushers[comm] += have
+print("threads: %s; flushers: %s; main thread flusher: %s"
+      % (dict(n), dict(flushers), main))
+ok = (n["plug-timer"] == 1 and n["plug-io"] == 16 and n == flushers
+      and main is False)
+sys.exit(0 if ok else 1)
+PY
+    fail "$mode: not every plug thread is an I/O flusher"
 done
 say "PASS"

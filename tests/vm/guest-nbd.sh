@@ -6,8 +6,8 @@
 # guest's tmpfs; the kernel nbd driver (nbd-client, netlink) gets ext4 and a
 # tree of files; after a disconnect a second connection (ioctl path,
 # -nonetlink) finds a clean fs with the same checksums; after nbdkit stops,
-# the two backing files joined are that same clean fs.  The statistics go to
-# the console for the host to check.
+# the two backing files joined are that same clean fs.  The statistics and
+# the flags of nbdkit's threads go to the console for the host to check.
 n=0
 for mode in $MODES; do
   say "=== mode=$mode"
@@ -30,6 +30,12 @@ for mode in $MODES; do
   want=$(( ($(stat -c %s $a) + $(stat -c %s $b)) / 512 ))
   [ "$sectors" -eq "$want" ] || fail "$mode: $dev1 has $sectors sectors, want $want"
   mkfs.ext4 -q -F $dev1 || fail "$mode: mkfs.ext4"
+  # Each thread of nbdkit: TID, name, flags (field 9 of its stat), for
+  # the host's I/O flusher check.
+  for t in /proc/$NBDKIT_PID/task/*; do
+    echo "${t##*/} $(cat $t/comm) $(sed 's/.*) //' $t/stat | cut -d' ' -f7)"
+  done > /tmp/threads-$mode
+  print_section "threads-$mode" /tmp/threads-$mode
   mount -t ext4 $dev1 /mnt || fail "$mode: mount"
   make_tree /mnt /tmp/sums-$mode || fail "$mode: writing files"
   sync
