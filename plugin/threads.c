@@ -15,7 +15,7 @@
  * writes are throttled only against the device it writes to
  * (PF_LOCAL_THROTTLE); kernel/sys.c sets both bits.  It needs
  * CAP_SYS_RESOURCE; without it, or on an older kernel, the thread runs
- * as before and -v says so once.  The flag is per thread: nbdkit's own
+ * as before and -v says so for each thread.  The flag is per thread: nbdkit's own
  * worker threads (which copy held writes in writeback mode) are not
  * the plugin's to change; the man page says what to do about them.
  */
@@ -24,7 +24,6 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdbool.h>
 #include <string.h>
 
 #ifdef HAVE_SYS_PRCTL_H
@@ -36,38 +35,30 @@
 
 #include "threads.h"
 
-/* Set once the outcome was logged: one line, not one per thread. */
-static bool flusher_logged;     /* Atomic. */
-
+/* One debug line per thread, naming it: a thread that never asked is
+ * then visible (tests/test-io-flusher.sh counts the lines per name
+ * against the threads in /proc), wherever the kernel refuses the flag.
+ * The plugin starts a bounded number of threads, each once.
+ */
 static void
-log_flusher_once (const char *msg, int err)
-{
-  if (__atomic_exchange_n (&flusher_logged, true, __ATOMIC_RELAXED))
-    return;
-  if (err)
-    nbdkit_debug ("%s: %s", msg, strerror (err));
-  else
-    nbdkit_debug ("%s", msg);
-}
-
-static void
-make_io_flusher (void)
+make_io_flusher (const char *name)
 {
 #if defined (HAVE_SYS_PRCTL_H) && defined (PR_SET_IO_FLUSHER)
   if (prctl (PR_SET_IO_FLUSHER, 1, 0, 0, 0) == 0) {
-    log_flusher_once ("the plugin's threads are I/O flushers "
-                      "(PR_SET_IO_FLUSHER)", 0);
+    nbdkit_debug ("thread %s: an I/O flusher (PR_SET_IO_FLUSHER)", name);
     return;
   }
-  if (errno == EPERM)
-    log_flusher_once ("the plugin's threads are not I/O flushers: "
-                      "PR_SET_IO_FLUSHER needs CAP_SYS_RESOURCE", errno);
+  int err = errno;
+
+  if (err == EPERM)
+    nbdkit_debug ("thread %s: not an I/O flusher: PR_SET_IO_FLUSHER "
+                  "needs CAP_SYS_RESOURCE: %s", name, strerror (err));
   else
-    log_flusher_once ("the plugin's threads are not I/O flushers: "
-                      "PR_SET_IO_FLUSHER (Linux 5.6)", errno);
+    nbdkit_debug ("thread %s: not an I/O flusher: PR_SET_IO_FLUSHER "
+                  "(Linux 5.6): %s", name, strerror (err));
 #else
-  log_flusher_once ("the plugin's threads are not I/O flushers: "
-                    "built without PR_SET_IO_FLUSHER", 0);
+  nbdkit_debug ("thread %s: not an I/O flusher: built without "
+                "PR_SET_IO_FLUSHER", name);
 #endif
 }
 
@@ -76,5 +67,5 @@ thread_setup (const char *name)
 {
   /* Cosmetic: a name the kernel refuses leaves the inherited one. */
   pthread_setname_np (pthread_self (), name);
-  make_io_flusher ();
+  make_io_flusher (name);
 }
