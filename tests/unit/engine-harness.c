@@ -30,6 +30,9 @@ struct eng_sync *syncs_inflight[MAX_SYNCS];
 size_t nr_syncs_inflight;
 unsigned long nr_syncs;
 void (*sync_issued) (uint32_t backing);
+void (*run_issued) (struct eng_run *r);
+void (*op_answered) (struct eng_op *op);
+void (*op_released) (struct eng_op *op);
 
 unsigned order_violations;
 unsigned deadline_misses;
@@ -82,6 +85,8 @@ perform (struct eng_actions *a)
   struct eng_sync *s, *snext, *done = NULL;
 
   for (r = a->issue; r != NULL; r = r->issue_next) {
+    if (run_issued)
+      run_issued (r);
     if (overlaps_inflight (r))
       order_violations++;
     if (nr_inflight < MAX_INFLIGHT)
@@ -102,12 +107,16 @@ perform (struct eng_actions *a)
   for (op = a->reply; op != NULL; op = op->reply_next) {
     struct result *res = op->waiter;
 
+    if (op_answered)
+      op_answered (op);
     res->answered = true;
     res->err = op->err;
     res->answer_no = ++nr_answers;
   }
   for (op = a->release; op != NULL; op = next) {
     next = op->release_next;
+    if (op_released)
+      op_released (op);
     ((struct result *) op->waiter)->released = true;
   }
   eng_actions_init (a);

@@ -59,6 +59,14 @@ extern void (*sync_issued) (uint32_t backing);  /* Told of each, or NULL. */
 /* Complete in-flight sync i (the last one takes its place) with err. */
 extern void complete_sync (size_t i, int err);
 
+/* Told of each run issued, each op answered and each op released, in
+ * perform, before the harness records it (NULL: not told).  The fuzz
+ * mode of engine-model checks its invariants there.
+ */
+extern void (*run_issued) (struct eng_run *r);
+extern void (*op_answered) (struct eng_op *op);
+extern void (*op_released) (struct eng_op *op);
+
 /* QUEUE ORDER as the harness sees it: runs issued while an overlapping
  * run of the same file was in flight (every test expects none).
  */

@@ -1,0 +1,392 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright the nbdplug authors (see LICENSE).
+
+"""fuzz-protocol: random bytes to the plug through a real nbdkit.
+
+    fuzz-protocol.py SOCKET PID SIZE [--seed N] [--iterations N]
+                     [--seconds S] [--rude PCT] [--save DIR]
+
+SOCKET is the Unix socket (or an nbd+unix:// URI of it) of an nbdkit serving the plug over an export
+of SIZE bytes, PID nbdkit's pid.  Each iteration opens one connection
+whose choices come from random.Random(SEED * 1000003 + ITERATION), so
+that `--seed N --first I --iterations 1` replays iteration I alone:
+
+  - garbage from the first byte, or a handshake with mutated options
+    (bogus option numbers, lengths longer or shorter than the data,
+    names that do not exist), or a valid fixed-newstyle handshake
+    (NBD_OPT_GO, sometimes NBD_OPT_STRUCTURED_REPLY first);
+  - then a stream of requests: valid ones (read, write, zero, trim,
+    flush, block status, FUA, fast zero, no-hole) and mutated ones
+    (bogus types and flags, lengths of 0 or up to 4 GiB - 1, offsets at
+    or past the end, a write's payload cut short, a header cut in the
+    middle, bytes of garbage), in writeback mode most of them left
+    unflushed;
+  - then a way to leave: NBD_CMD_DISC, or closing the socket after
+    reading every reply, or (PCT percent of the connections, --rude,
+    default 10) closing it without reading them, with a reset.
+
+--gentle leaves out whatever makes nbdkit close a connection while it
+may still answer requests of it (no rude closes, no header cut or
+garbage after a request, no short payload, no write too large to
+skip; every connection that reached transmission ends with
+NBD_CMD_DISC and reads until nbdkit closes it, 10 s at most): nbdkit 1.32 can abort then, in
+raw_send_socket (`sock >= 0`), a race of its own that the plug makes
+likelier (issue 33).  Bytes before the first request (garbage, mutated
+options) and mutated fields of whole requests stay.
+
+The last MiB of the export is the clean client's: no request of the
+fuzzed connections writes there (their offsets stay below it or start
+at or past the end).  After every connection, nbdkit must still run,
+and the clean client (libnbd) must read back exactly what it wrote and
+flushed there before, then write and flush a new pattern over part of
+it.  Stops at the first failure with exit status 1, naming the seed and
+the iteration; with --save DIR the bytes that connection sent are
+written to DIR/protocol-SEED-ITERATION.bin.  Stops after --iterations,
+or after --seconds (whichever comes first; 0: no bound).  Prints the
+number of connections and requests sent.
+"""
+
+import argparse
+import os
+import random
+import socket
+import struct
+import sys
+import time
+
+import nbd
+
+NBDMAGIC = b"NBDMAGIC"
+IHAVEOPT = b"IHAVEOPT"
+REQ_MAGIC = 0x25609513
+OPT_REPLY_MAGIC = 0x3E889045565A9
+OPT_GO = 7
+OPT_STRUCTURED_REPLY = 8
+REP_ACK = 1
+
+CMD_READ, CMD_WRITE, CMD_DISC, CMD_FLUSH, CMD_TRIM = 0, 1, 2, 3, 4
+CMD_CACHE, CMD_WRITE_ZEROES, CMD_BLOCK_STATUS = 5, 6, 7
+F_FUA, F_NO_HOLE, F_DF, F_REQ_ONE, F_FAST_ZERO = 1, 2, 4, 8, 16
+
+CLEAN = 1 << 20                 # The clean client's region at the end.
+
+
+class Failure(Exception):
+    pass
+
+
+def server_alive(pid):
+    """nbdkit is running (not gone, not a zombie)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+class Conn:
+    """One fuzzed connection: what it sent is kept for --save."""
+
+    def __init__(self, path):
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.settimeout(5)
+        self.s.connect(path)
+        self.sent = bytearray()
+        self.requests = 0
+
+    def send(self, data):
+        self.sent += data
+        try:
+            self.s.sendall(data)
+        except OSError:
+            return False        # The server closed: that is allowed.
+        return True
+
+    def recv_exact(self, n):
+        buf = b""
+        while len(buf) < n:
+            try:
+                b = self.s.recv(n - len(buf))
+            except OSError:
+                return None
+            if not b:
+                return None
+            buf += b
+        return buf
+
+    def drain(self, secs):
+        """Read whatever the server sends for up to secs seconds, or
+        until it closes."""
+        end = time.monotonic() + secs
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            self.s.settimeout(left)
+            try:
+                if not self.s.recv(65536):
+                    return
+            except socket.timeout:
+                return
+            except OSError:
+                return
+
+    def close(self, reset):
+        if reset:
+            self.s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                              struct.pack("ii", 1, 0))
+        self.s.close()
+
+
+def option(rng, opt, data):
+    return IHAVEOPT + struct.pack(">II", opt, len(data)) + data
+
+
+def handshake(c, rng):
+    """Returns True when the connection reached transmission (the
+    server answered NBD_OPT_GO with ACK), False otherwise."""
+    hello = c.recv_exact(18)
+    if hello is None or hello[:16] != NBDMAGIC + IHAVEOPT:
+        raise Failure("no newstyle greeting: %r" % hello)
+    style = rng.randrange(10)
+    if style == 0:              # Garbage from the first byte.
+        c.send(rng.randbytes(rng.randrange(1, 200)))
+        return False
+    c.send(struct.pack(">I", 1 | 2))    # FIXED_NEWSTYLE | NO_ZEROES
+    if style == 1:              # Mutated options.
+        for _ in range(rng.randrange(1, 6)):
+            data = rng.randbytes(rng.randrange(0, 40))
+            length = rng.choice([len(data), rng.randrange(0, 1 << 32),
+                                 len(data) + rng.randrange(1, 9)])
+            c.send(IHAVEOPT + struct.pack(">II", rng.randrange(0, 16),
+                                          length) + data)
+        c.drain(0.05)
+        return False
+    if rng.randrange(3) == 0:
+        c.send(option(rng, OPT_STRUCTURED_REPLY, b""))
+        if not read_option_replies(c):
+            return False
+    name = b"" if rng.randrange(8) else rng.randbytes(rng.randrange(1, 9))
+    infos = [rng.randrange(0, 5) for _ in range(rng.randrange(0, 3))]
+    c.send(option(rng, OPT_GO, struct.pack(">I", len(name)) + name +
+                  struct.pack(">H", len(infos)) +
+                  b"".join(struct.pack(">H", i) for i in infos)))
+    return read_option_replies(c)
+
+
+def read_option_replies(c):
+    """Read option replies up to the final one: True on ACK."""
+    while True:
+        hdr = c.recv_exact(20)
+        if hdr is None:
+            return False
+        magic, _, rep, length = struct.unpack(">QIII", hdr)
+        if magic != OPT_REPLY_MAGIC:
+            raise Failure("bad option reply magic %x" % magic)
+        if length and c.recv_exact(length) is None:
+            return False
+        if rep == REP_ACK:
+            return True
+        if rep & 0x80000000:
+            return False
+
+
+def pick_range(rng, size):
+    """An offset and a length: most inside the fuzzed area (below the
+    clean region), some at or past the end of the export."""
+    area = size - CLEAN
+    k = rng.randrange(10)
+    if k < 7:
+        n = rng.choice([0, 1, 511, 512, 4096, rng.randrange(1, 65537),
+                        rng.randrange(1, 1 << 20)])
+        n = min(n, area)
+        return rng.randrange(0, area - n + 1), n
+    if k < 9:                   # Starts at or past the end.
+        off = rng.choice([size, size + rng.randrange(1, 1 << 20),
+                          (1 << 63) - 1, (1 << 64) - 1,
+                          rng.randrange(size, 1 << 64)])
+        return off, rng.randrange(0, 1 << 32)
+    # Crosses the end from below the clean region: never fits.
+    off = rng.randrange(0, area)
+    return off, min(size - off + rng.randrange(1, 1 << 20), (1 << 32) - 1)
+
+
+def request(c, rng, size, handle, gentle):
+    """Send one request, valid or mutated.  Returns False when the
+    connection should stop (the server closed, or a header was cut)."""
+    k = rng.randrange(100)
+    off, n = pick_range(rng, size)
+    flags = 0
+    if k < 30:
+        cmd = CMD_WRITE
+        flags = F_FUA if rng.randrange(6) == 0 else 0
+    elif k < 45:
+        cmd = CMD_READ
+    elif k < 55:
+        cmd = CMD_WRITE_ZEROES
+        flags = rng.choice([0, F_FUA, F_NO_HOLE, F_FAST_ZERO,
+                            F_FAST_ZERO | F_NO_HOLE])
+    elif k < 62:
+        cmd = CMD_TRIM
+    elif k < 70:
+        cmd, off, n = CMD_FLUSH, 0, 0
+    elif k < 76:
+        cmd = CMD_BLOCK_STATUS
+        flags = rng.choice([0, F_REQ_ONE])
+    elif k < 78:
+        cmd = CMD_CACHE
+    else:                       # Mutated: any type, any flags.
+        cmd = rng.choice([rng.randrange(0, 12), rng.randrange(0, 1 << 16)])
+        flags = rng.randrange(0, 1 << 16)
+        if cmd in (CMD_WRITE, CMD_WRITE_ZEROES, CMD_TRIM) and \
+           off < size and off + n > size - CLEAN:
+            off, n = size, n    # Mutations stay out of the clean region.
+    if cmd == CMD_DISC:
+        cmd = CMD_READ          # A disconnect ends the stream on purpose only.
+    n &= 0xFFFFFFFF
+    if gentle and cmd == CMD_WRITE and n > (4 << 20):
+        off, n = size, 0        # nbdkit would close at once.
+    hdr = struct.pack(">IHHQQI", REQ_MAGIC, flags, cmd, handle, off, n)
+    if gentle:                  # Nothing that makes nbdkit close.
+        pass
+    elif rng.randrange(50) == 0:        # A header cut in the middle.
+        c.send(hdr[:rng.randrange(1, len(hdr))])
+        return False
+    elif rng.randrange(40) == 0:        # Garbage instead of a header.
+        c.send(rng.randbytes(rng.randrange(1, 64)))
+        return False
+    if not c.send(hdr):
+        return False
+    c.requests += 1
+    if cmd == CMD_WRITE:
+        if n > (4 << 20):       # nbdkit refuses it unread and closes.
+            return c.send(rng.randbytes(rng.randrange(0, 4096)))
+        if not gentle and rng.randrange(30) == 0:   # A payload cut short.
+            c.send(rng.randbytes(rng.randrange(0, n + 1) // 2))
+            return False
+        return c.send(bytes([rng.randrange(256)]) * n)
+    return True
+
+
+def fuzz_one(path, size, rng, rude_pct, gentle, keep):
+    c = Conn(path)
+    keep.append(c)
+    try:
+        transmission = handshake(c, rng)
+        if transmission:
+            for h in range(rng.randrange(0, 64)):
+                if not request(c, rng, size, h, gentle):
+                    break
+                if rng.randrange(8) == 0:
+                    c.drain(0.001)
+            leave = rng.randrange(100)
+            if leave < rude_pct:
+                c.close(reset=rng.randrange(2) == 0)
+                return c
+            if leave < 60 or gentle:
+                c.send(struct.pack(">IHHQQI", REQ_MAGIC, 0, CMD_DISC,
+                                   1 << 40, 0, 0))
+        c.drain(10.0 if gentle and transmission else 1.0)
+        c.close(reset=False)
+    except Failure:
+        c.close(reset=False)
+        raise
+    return c
+
+
+class Clean:
+    """The well-behaved client: what it flushed must stay."""
+
+    def __init__(self, path, size):
+        self.path, self.size = path, size
+        self.base = size - CLEAN
+        self.want = bytearray(CLEAN)
+        self.round = 0
+        self.write_and_flush(0, CLEAN)
+
+    def write_and_flush(self, off, n):
+        self.round += 1
+        pat = (b"clean %08d " % self.round) * (n // 15 + 1)
+        self.want[off:off + n] = pat[:n]
+        h = nbd.NBD()
+        h.connect_unix(self.path)
+        h.pwrite(bytes(self.want[off:off + n]), self.base + off)
+        h.flush()
+        h.shutdown()
+
+    def check(self, rng):
+        h = nbd.NBD()
+        h.connect_unix(self.path)
+        got = h.pread(CLEAN, self.base)
+        h.shutdown()
+        if got != self.want:
+            i = next(i for i in range(CLEAN) if got[i] != self.want[i])
+            raise Failure("the clean client's flushed data differs at "
+                          "offset %d" % (self.base + i))
+        n = rng.randrange(1, 64) * 4096
+        self.write_and_flush(rng.randrange(0, CLEAN - n + 1) // 512 * 512, n)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("socket")
+    ap.add_argument("pid", type=int)
+    ap.add_argument("size", type=int)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--first", type=int, default=0)
+    ap.add_argument("--iterations", type=int, default=0)
+    ap.add_argument("--seconds", type=float, default=0)
+    ap.add_argument("--rude", type=int, default=10)
+    ap.add_argument("--save", default=None)
+    ap.add_argument("--gentle", action="store_true")
+    a = ap.parse_args()
+    # An nbd+unix URI (the tests' run_client passes one) or a path.
+    if a.socket.startswith("nbd+unix:"):
+        a.socket = a.socket.split("socket=", 1)[1].split("&")[0]
+    if a.iterations == 0 and a.seconds == 0:
+        ap.error("give --iterations or --seconds")
+
+    clean = Clean(a.socket, a.size)
+    start = time.monotonic()
+    it, conns, reqs = a.first, 0, 0
+    while True:
+        if a.iterations and it >= a.first + a.iterations:
+            break
+        if a.seconds and time.monotonic() - start >= a.seconds:
+            break
+        rng = random.Random(a.seed * 1000003 + it)
+        keep = []
+        try:
+            c = fuzz_one(a.socket, a.size, rng,
+                         0 if a.gentle else a.rude, a.gentle, keep)
+            conns += 1
+            reqs += c.requests
+            if not server_alive(a.pid):
+                raise Failure("nbdkit (pid %d) is gone" % a.pid)
+            clean.check(rng)
+        except (Failure, nbd.Error, OSError) as ex:
+            print("fuzz-protocol: FAILED at seed %d iteration %d: %s"
+                  % (a.seed, it, ex))
+            print("fuzz-protocol: replay: --seed %d --first %d "
+                  "--iterations 1" % (a.seed, it))
+            if a.save and keep:
+                name = os.path.join(a.save, "protocol-%d-%d.bin"
+                                    % (a.seed, it))
+                with open(name, "wb") as f:
+                    f.write(keep[0].sent)
+                print("fuzz-protocol: its bytes: %s" % name)
+            print("fuzz-protocol: %d connections, %d requests before it"
+                  % (conns, reqs))
+            return 1
+        it += 1
+    print("fuzz-protocol: %d connections, %d requests, seed %d, "
+          "iterations %d..%d, %.0f s: no failure"
+          % (conns, reqs, a.seed, a.first, it - 1,
+             time.monotonic() - start))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
