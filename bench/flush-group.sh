@@ -111,7 +111,7 @@ measure ()
   case $kind in
     file) server=(file "$file") ;;
     old)  server=("$OLD_PLUGIN" "$file" "statsfile=$stats") ;;
-    new)  server=("$PLUGIN" "$file" "statsfile=$stats") ;;
+    new)  server=("$PLUGIN" "$file" "stats-file=$stats") ;;
     *) die "measure: bad kind $kind" ;;
   esac
   [ "$FG_SYNC_US" != 0 ] &&

@@ -51,7 +51,7 @@ struct config {
   uint64_t direct_min;          /* direct-size=: so do requests this
                                  * large. */
   struct retry_policy retry;
-  bool shared;                  /* shared=yes: no lock on the files. */
+  bool shared;                  /* lock=no: no lock on the files. */
   const char *statsfile;        /* Owned (nbdkit_realpath-like copy). */
   unsigned remote_connections;  /* remote-connections=: handles per NBD
                                  * URI (where it allows multi-conn). */
@@ -79,7 +79,7 @@ extern uint64_t now_ns (void);
 extern bool inject_eagain (void);
 
 /* Add a closing connection's statistics to the totals and rewrite
- * statsfile= (if any).  Any thread.
+ * stats-file= (if any).  Any thread.
  */
 extern void stats_publish (const struct plug_stats *conn_stats);
 

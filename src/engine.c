@@ -1925,7 +1925,7 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
   }
   if (wb && (c->mem_wait.head != NULL || over_memory (e, c, op))) {
     /* At the bound the writer waits for memory, bounded by
-     * retry-timeout; the plug goes out so that memory comes back.
+     * requeue-timeout; the plug goes out so that memory comes back.
      */
     op->state = OP_WAIT_MEMORY;
     op->reply_pending = true;
@@ -2247,11 +2247,11 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
   deadline = eng_add_ns (f->retry.since_ns, e->cfg.retry.timeout_ns);
   if (now >= deadline) {
     STATS_ADD (r->conn->stats->gave_up, 1);
-    log_run (e, r, "giving up after retry-timeout", EAGAIN, now);
+    log_run (e, r, "giving up after requeue-timeout", EAGAIN, now);
     run_finish (e, r, EIO, now, out);
-    /* The file has said "not now" for retry-timeout: each queued run
+    /* The file has said "not now" for requeue-timeout: each queued run
      * gets one more attempt at once, and gives up too if it is refused
-     * (so a close or exit ends within retry-timeout plus one attempt
+     * (so a close or exit ends within requeue-timeout plus one attempt
      * per run).  With nothing left in flight, a stalled queue would
      * otherwise wait for ever.
      */
@@ -2266,7 +2266,7 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
     return;
   }
   /* blk_delay_queue, with a capped backoff; the last retry lands on the
-   * deadline, so that the file gets its whole retry-timeout, never more.
+   * deadline, so that the file gets its whole requeue-timeout, never more.
    */
   delay = retry_delay (&e->cfg.retry, f->retry.attempts);
   if (f->retry.attempts < 64)
@@ -2323,7 +2323,7 @@ engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
     run_finish (e, r, err, now, out);
   }
   /* A stretch of "not now" ends when its file has nothing left, given
-   * up or failed: the next refusal gets a retry-timeout of its own.
+   * up or failed: the next refusal gets a requeue-timeout of its own.
    */
   if (f->inflight == 0 && f->nr_queued == 0)
     retry_reset (&f->retry);

@@ -42,7 +42,7 @@
  *  - NEVER DROPPED.  "Not now" (EAGAIN, ENOMEM, EBUSY from the backend,
  *    or no free in-flight slot) leaves a run queued in its place; the
  *    file's queue is delayed (blk_delay_queue) or waits for a completion.
- *    A run fails for good only on a real error, or after retry-timeout
+ *    A run fails for good only on a real error, or after requeue-timeout
  *    of "not now".
  *  - ERRORS BELONG TO RUNS.  A failed run fails only its own requests;
  *    other runs of the same file go on.  A client that waits for a

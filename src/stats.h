@@ -54,7 +54,7 @@ struct plug_stats {
   uint64_t restarted;           /* Delayed queues restarted early by the
                                  * completion of another in-flight run
                                  * (blk-mq's SCHED_RESTART). */
-  uint64_t gave_up;             /* Runs failed after retry-timeout. */
+  uint64_t gave_up;             /* Runs failed after requeue-timeout. */
   uint64_t errors;              /* Backend operations that failed. */
   uint64_t no_slot;             /* Dispatches that found every in-flight
                                  * slot of a file taken (max-inflight=):
@@ -107,7 +107,7 @@ extern void stats_merge (struct plug_stats *into,
                          const struct plug_stats *from)
   __attribute__ ((__nonnull__ (1, 2)));
 
-/* Format as JSON (the statsfile= format, documented in the man page).
+/* Format as JSON (the stats-file= format, documented in the man page).
  * Returns a malloc'd NUL-terminated string, or NULL with errno.
  */
 extern char *stats_json (const struct plug_stats *s, const char *mode)
