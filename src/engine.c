@@ -170,6 +170,7 @@ enum conn_pace {
 
 struct eng_conn {
   struct engine *e;
+  uint64_t id;                  /* engine_conn_set_id: for messages. */
   struct eng_conn *prev, *next; /* e->conns. */
   struct plug_stats *stats;     /* Borrowed from the caller. */
   enum conn_state state;
@@ -486,6 +487,15 @@ engine_free (struct engine *e)
   }
   free (e->files);
   free (e);
+}
+
+/* The timer thread unplugs for every connection, where nbdkit's own
+ * prefix names no connection: the messages name it themselves.
+ */
+void
+engine_conn_set_id (struct eng_conn *c, uint64_t id)
+{
+  c->id = id;
 }
 
 struct eng_conn *
@@ -1493,8 +1503,8 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
     plug_run_vector_reset (&runs);
     c->unplug_retry_ns = eng_add_ns (now, e->cfg.retry.delay_ns);
     deadline_earlier (e);
-    eng_log (e, 1, "unplug %s: out of memory, retrying later",
-             plug_reason_name (reason));
+    eng_log (e, 1, "connection %" PRIu64 ": unplug %s: out of memory, "
+             "retrying later", c->id, plug_reason_name (reason));
     return;
   }
   c->unplug_retry_ns = 0;
@@ -1502,8 +1512,9 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
   stats_max (&c->stats->largest_requests, nreqs);
   stats_max (&c->stats->largest_bytes, bytes);
   if (e->cfg.debug_unplug)
-    eng_log (e, 1, "unplug %s: %zu requests %" PRIu64 " bytes -> %zu runs",
-             plug_reason_name (reason), nreqs, bytes, runs.len);
+    eng_log (e, 1, "connection %" PRIu64 ": unplug %s: %zu requests %"
+             PRIu64 " bytes -> %zu runs",
+             c->id, plug_reason_name (reason), nreqs, bytes, runs.len);
 
   batch = e->next_batch++;
   for (i = 0; i < runs.len; ++i) {

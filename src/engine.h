@@ -301,6 +301,12 @@ extern struct eng_conn *engine_conn_open (struct engine *e,
                                           struct plug_stats *stats)
   __attribute__ ((__nonnull__ (1, 2)));
 
+/* The number the engine's messages about c give it ("connection ID:
+ * unplug ..."); 0 until set.  Context: before c's first op.
+ */
+extern void engine_conn_set_id (struct eng_conn *c, uint64_t id)
+  __attribute__ ((__nonnull__ (1)));
+
 /* The statistics of the connection whose plug made r, for the issuer
  * to count in (atomically: STATS_ADD).  Valid until r is completed.
  */
