@@ -110,6 +110,7 @@ measure ()
   truncate -s "$BENCH_SIZE" "$file"
   case $kind in
     file) server=(file "$file") ;;
+    # 65665af's plug knows only the old name statsfile=.
     old)  server=("$OLD_PLUGIN" "$file" "statsfile=$stats") ;;
     new)  server=("$PLUGIN" "$file" "stats-file=$stats") ;;
     *) die "measure: bad kind $kind" ;;
