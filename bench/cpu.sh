@@ -95,10 +95,10 @@ measure ()
   case $kind in
     base) server=(file "$file") ;;
     null) server=(null "$BENCH_SIZE") ;;
-    wb)   server=("${plug_opts[@]}" "$PLUGIN" "$file" "statsfile=$stats"
+    wb)   server=("${plug_opts[@]}" "$PLUGIN" "$file" "stats-file=$stats"
                   "${plug_args[@]}") ;;
     hold) server=("${plug_opts[@]}" "$PLUGIN" "$file" mode=hold
-                  "statsfile=$stats" "${plug_args[@]}") ;;
+                  "stats-file=$stats" "${plug_args[@]}") ;;
   esac
   start_server "${server[@]}"
   fio_measure "$kind" "$stats" --rw="$rw" --bs="$bs" \

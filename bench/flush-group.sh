@@ -110,8 +110,9 @@ measure ()
   truncate -s "$BENCH_SIZE" "$file"
   case $kind in
     file) server=(file "$file") ;;
+    # 65665af's plug knows only the old name statsfile=.
     old)  server=("$OLD_PLUGIN" "$file" "statsfile=$stats") ;;
-    new)  server=("$PLUGIN" "$file" "statsfile=$stats") ;;
+    new)  server=("$PLUGIN" "$file" "stats-file=$stats") ;;
     *) die "measure: bad kind $kind" ;;
   esac
   [ "$FG_SYNC_US" != 0 ] &&

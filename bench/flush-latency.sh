@@ -56,9 +56,9 @@ measure ()
   case $kind in
     base)   server=(file "$file" --filter=delay "wdelay=${FLUSH_DELAY_MS}ms") ;;
     wb)     server=(-D "plug.backend_delay_us=$((FLUSH_DELAY_MS * 1000))"
-                    "$PLUGIN" "$file" "statsfile=$stats") ;;
+                    "$PLUGIN" "$file" "stats-file=$stats") ;;
     wb-ds0) server=(-D "plug.backend_delay_us=$((FLUSH_DELAY_MS * 1000))"
-                    "$PLUGIN" "$file" "statsfile=$stats" direct-size=0) ;;
+                    "$PLUGIN" "$file" "stats-file=$stats" direct-size=0) ;;
     *) die "bad kind $kind" ;;
   esac
   start_server "${server[@]}"

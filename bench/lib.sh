@@ -115,7 +115,7 @@ measure ()
       local mode=writeback
       [ "$kind" = hold ] && mode=hold
       # shellcheck disable=SC2206
-      server=("$PLUGIN" "$file" "mode=$mode" "statsfile=$stats" $params) ;;
+      server=("$PLUGIN" "$file" "mode=$mode" "stats-file=$stats" $params) ;;
     *) die "measure: bad kind $kind" ;;
   esac
   if [ "${STRACE:-0}" = 1 ]; then

@@ -47,7 +47,7 @@ measure ()
   truncate -s "$BENCH_SIZE" "$file"
   case $kind in
     base) server=(file "$file") ;;
-    wb)   server=("$PLUGIN" "$file" "statsfile=$stats") ;;
+    wb)   server=("$PLUGIN" "$file" "stats-file=$stats") ;;
     *) die "bad kind $kind" ;;
   esac
   if [ "$conns" = 1 ]; then

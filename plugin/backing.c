@@ -81,7 +81,7 @@ lock_for_writing (int fd, const char *name)
     return 0;
   if (errno != EAGAIN && errno != EACCES) {
     nbdkit_error ("file=%s: cannot lock it (%m), so a second process "
-                  "serving it could not be refused; add shared=yes to "
+                  "serving it could not be refused; add lock=no to "
                   "serve it without the lock", name);
     return -1;
   }
@@ -89,7 +89,7 @@ lock_for_writing (int fd, const char *name)
                 "on it (another nbdkit plug serving it, or qemu), or "
                 "file= names it twice.  Serve a file from one process "
                 "(nbdkit nbd can proxy it to a second address), or add "
-                "shared=yes (unsafe in writeback mode: two caches)", name);
+                "lock=no (unsafe in writeback mode: two caches)", name);
   return -1;
 }
 
@@ -107,8 +107,18 @@ backing_open (struct backing *b, const char *name)
     return remote_backing_open (b, name);
   fd = open (name, O_RDWR | O_CLOEXEC);
   if (fd == -1 && (errno == EACCES || errno == EROFS || errno == EPERM)) {
+    int rw_errno = errno;
+
     fd = open (name, O_RDONLY | O_CLOEXEC);
     ro = true;
+    if (fd >= 0) {
+      /* One read-only file makes the whole export read-only
+       * (plugin_can_write): a client sees only that writes fail.
+       */
+      errno = rw_errno;
+      nbdkit_debug ("file=%s: cannot open it read-write (%m): opened "
+                    "read-only, so the whole export is read-only", name);
+    }
   }
   if (fd == -1) {
     nbdkit_error ("file=%s: open: %m", name);

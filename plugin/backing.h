@@ -47,7 +47,7 @@ struct backing {
  * its size; or connect to the NBD URI (remote_is_uri) and learn what
  * the server advertises.  A local file opened read-write is locked
  * against other processes (refused if one holds a lock on it) unless
- * shared=yes.  Returns 0, or -1 after nbdkit_error naming the file or
+ * lock=no.  Returns 0, or -1 after nbdkit_error naming the file or
  * URI.
  */
 extern int backing_open (struct backing *b, const char *name);

@@ -412,8 +412,11 @@ conn_open (void)
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
     c->ec = engine_conn_open (eng, &c->stats);
-    if (c->ec)
+    /* Under the lock: the timer thread may unplug c from now on. */
+    if (c->ec) {
+      engine_conn_set_id (c->ec, c->id);
       timer_stats_conns_locked (1);
+    }
   }
   if (c->ec == NULL) {
     nbdkit_error ("connection: %m");

@@ -62,13 +62,13 @@ struct conn {
 extern struct conn *conn_open (void);
 
 /* Write out everything the connection acknowledged (retrying "not now"
- * up to retry-timeout), publish its statistics, free it.  Context:
+ * up to requeue-timeout), publish its statistics, free it.  Context:
  * .close (no worker of this connection is inside the plugin any more).
  */
 extern void conn_close (struct conn *c);
 
 /* At server exit (.cleanup): write out every plug of every connection,
- * retrying up to retry-timeout, sync the files, and add the statistics
+ * retrying up to requeue-timeout, sync the files, and add the statistics
  * of the connections still open to *live (nbdkit 1.32 may skip their
  * .close).  Allocates nothing: its request comes from conns_init.
  */

@@ -135,7 +135,7 @@ kick_cb (struct ev_loop *l, ev_async *w, int revents)
   pthread_mutex_unlock (&eng_lock);
 }
 
-/* Rewrite statsfile=.  Without eng_lock: the report takes it only for
+/* Rewrite stats-file=.  Without eng_lock: the report takes it only for
  * its snapshot (conns_live); the file's writing delays this loop's
  * engine timer by as long as it takes, hence the advice of a local
  * file system in the man page.

@@ -10,6 +10,7 @@
 
 #include <config.h>
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -183,7 +184,7 @@ inject_eagain (void)
 
 static uint64_t start_ns;                    /* .get_ready's now_ns. */
 
-/* Write text to statsfile= atomically (temporary file + rename), so a
+/* Write text to stats-file= atomically (temporary file + rename), so a
  * reader never sees half a file.  Caller holds stats_lock.
  */
 static void
@@ -193,20 +194,20 @@ replace_statsfile_locked (const char *text)
   FILE *fp;
 
   if (asprintf (&tmp, "%s.tmp", statsfile) == -1) {
-    nbdkit_error ("statsfile=%s: %m", statsfile);
+    nbdkit_error ("stats-file=%s: %m", statsfile);
     return;
   }
   fp = fopen (tmp, "w");
   if (fp == NULL) {
-    nbdkit_error ("statsfile=%s: %m", tmp);
+    nbdkit_error ("stats-file=%s: %m", tmp);
     return;
   }
   if (fputs (text, fp) == EOF || fclose (fp) == EOF) {
-    nbdkit_error ("statsfile=%s: write: %m", tmp);
+    nbdkit_error ("stats-file=%s: write: %m", tmp);
     return;
   }
   if (rename (tmp, statsfile) == -1)
-    nbdkit_error ("statsfile=%s: rename: %m", statsfile);
+    nbdkit_error ("stats-file=%s: rename: %m", statsfile);
 }
 
 /* How a report counts the connections still open. */
@@ -242,7 +243,7 @@ write_statsfile_locked (const char *written_at,
     return;
   flive = calloc (nr_backings ? nr_backings : 1, sizeof *flive);
   if (flive == NULL || conns_live (&r, flive, &open_sum, &conns) == -1) {
-    nbdkit_error ("statsfile=%s: %m", statsfile);
+    nbdkit_error ("stats-file=%s: %m", statsfile);
     return;
   }
   /* After the engine's snapshot: no acknowledgement in it is newer. */
@@ -262,7 +263,7 @@ write_statsfile_locked (const char *written_at,
   }
   json = stats_report_json (&r);
   if (json == NULL) {
-    nbdkit_error ("statsfile=%s: %m", statsfile);
+    nbdkit_error ("stats-file=%s: %m", statsfile);
     return;
   }
   replace_statsfile_locked (json);
@@ -288,7 +289,7 @@ stats_write_live (void)
  * thread is still between .finalize and .close, and that thread then
  * never reaches .close (seen with --run), so everything every
  * connection acknowledged is written out here (the engine retries "not
- * now" up to retry-timeout), the files are synced, and then every
+ * now" up to requeue-timeout), the files are synced, and then every
  * thread the plugin started is stopped and joined: none may outlive
  * .unload and the dlclose after it.  Connections still open count in
  * the statistics written here.
@@ -353,12 +354,14 @@ plugin_unload (void)
 static int
 parse_duration_param (const char *key, const char *value, uint64_t *ns)
 {
-  if (parse_duration (value, ns) == -1) {
-    nbdkit_error ("%s=%s: expected a duration such as 3ms, 500us or 0.5s: "
-                  "%m", key, value);
-    return -1;
-  }
-  return 0;
+  if (parse_duration (value, ns) == 0)
+    return 0;
+  if (errno == ERANGE)
+    nbdkit_error ("%s=%s: too long (at most about 584 years)", key, value);
+  else
+    nbdkit_error ("%s=%s: expected a duration such as 3ms, 500us or 0.5s",
+                  key, value);
+  return -1;
 }
 
 static int
@@ -382,28 +385,41 @@ parse_size_param (const char *key, const char *value, uint64_t *r,
   return 0;
 }
 
+/* Our own, not nbdkit_parse_unsigned: nbdkit 1.32's names only the key
+ * and calls any non-number an "empty string".  Digits only: strtoul
+ * alone would take " 5", "+5" and "-1" (as ULONG_MAX).
+ */
 static int
 parse_count_param (const char *key, const char *value, unsigned *r,
                    unsigned min, unsigned max)
 {
-  if (nbdkit_parse_unsigned (key, value, r) == -1)
+  unsigned long v;
+  char *end;
+
+  errno = 0;
+  if (!isdigit ((unsigned char) value[0]) ||
+      (v = strtoul (value, &end, 10), *end != '\0')) {
+    nbdkit_error ("%s=%s: expected a whole number between %u and %u",
+                  key, value, min, max);
     return -1;
-  if (*r < min || *r > max) {
+  }
+  if (errno == ERANGE || v < min || v > max) {
     nbdkit_error ("%s=%s: must be between %u and %u", key, value, min, max);
     return -1;
   }
+  *r = v;
   return 0;
 }
 
 static bool max_requests_set;
 
-/* retry-delay= and retry-timeout= as given (or the defaults, as
+/* requeue-delay= and requeue-timeout= as given (or the defaults, as
  * --dump-plugin says them), for config_complete's message: the two
  * keys come in any order.
  */
-static char retry_delay_text[64] = "3ms", retry_timeout_text[64] = "10s";
+static char requeue_delay_text[64] = "3ms", requeue_timeout_text[64] = "10s";
 
-/* A retry-timeout below retry-delay gives up on a "not now" before its
+/* A requeue-timeout below requeue-delay gives up on a "not now" before its
  * first retry, which would make "not now" an error after all.
  */
 static int
@@ -411,17 +427,99 @@ check_retry_timeout (void)
 {
   if (cfg.retry.timeout_ns >= cfg.retry.delay_ns)
     return 0;
-  nbdkit_error ("retry-timeout=%s: must be at least retry-delay=%s "
+  nbdkit_error ("requeue-timeout=%s: must be at least requeue-delay=%s "
                 "(a backing file that says \"not now\" would be given up "
                 "on before its first retry)",
-                retry_timeout_text, retry_delay_text);
+                requeue_timeout_text, requeue_delay_text);
   return -1;
+}
+
+/* The names of earlier releases, accepted until the next one.  nbdkit
+ * offers every key to the filters first: statsfile= and retry-delay=
+ * are the stats and retry filters' own, and reach the plug only when
+ * no such filter is loaded.  The new names are ours alone (checked
+ * against every filter's by tests/test-filter-keys.sh).
+ */
+static const struct deprecated_key {
+  const char *old, *new, *why;
+} deprecated_keys[] = {
+  { "statsfile", "stats-file", "it is nbdkit-stats-filter's key" },
+  { "retry-delay", "requeue-delay", "it is nbdkit-retry-filter's key" },
+  { "retry-max-delay", "requeue-max-delay", "renamed with retry-delay=" },
+  { "retry-timeout", "requeue-timeout", "renamed with retry-delay=" },
+};
+
+/* The current name of key, saying so if key is an old one.  nbdkit
+ * 1.32 has no warning level and nbdkit_debug is seen only with -v, so
+ * the warning is an nbdkit_error message; nbdkit starts all the same.
+ */
+static const char *
+current_key (const char *key, const char *value)
+{
+  size_t i;
+
+  for (i = 0; i < sizeof deprecated_keys / sizeof deprecated_keys[0]; ++i) {
+    const struct deprecated_key *d = &deprecated_keys[i];
+
+    if (strcmp (key, d->old) == 0) {
+      nbdkit_error ("warning: %s=%s: %s= is deprecated (%s), use %s= "
+                    "instead; the old name goes in the next release",
+                    key, value, d->old, d->why, d->new);
+      return d->new;
+    }
+  }
+  return key;
+}
+
+/* A path that starts like a URI ("scheme://") with a scheme libnbd
+ * does not serve is a mistyped URI far more often than a file in a
+ * directory named "nbdx:": say so rather than "No such file".
+ */
+static int
+check_uri_scheme (const char *value)
+{
+  size_t n = 0;
+
+  if (!isalpha ((unsigned char) value[0]))
+    return 0;
+  while (isalnum ((unsigned char) value[n]) || value[n] == '+' ||
+         value[n] == '-' || value[n] == '.')
+    n++;
+  if (strncmp (value + n, "://", 3) != 0)
+    return 0;
+  nbdkit_error ("file=%s: unknown URI scheme '%.*s': expected one of %s "
+                "(a local path that starts like this: write ./%s)",
+                value, (int) n, value, remote_uri_schemes (), value);
+  return -1;
+}
+
+/* idle= and max-delay= as given (or the defaults), for check_idle. */
+static char idle_text[64] = "1ms", max_delay_text[64] = "10ms";
+
+/* An idle= longer than max-delay= never fires: the oldest held
+ * request is at least as old as the last one, so max-delay= always
+ * comes first (plug_deadline in src/engine.c).  Harmless (the plug
+ * still unplugs, at max-delay=), so nbdkit starts; but whoever set it
+ * expected the plug to wait that long, so it is said.
+ */
+static void
+check_idle (void)
+{
+  if (cfg.idle_ns <= cfg.max_delay_ns)
+    return;
+  nbdkit_error ("warning: idle=%s is longer than max-delay=%s, so it has "
+                "no effect: a plug goes out max-delay= after its oldest "
+                "request at the latest; to hold longer, raise max-delay= "
+                "too", idle_text, max_delay_text);
 }
 
 static int
 plugin_config (const char *key, const char *value)
 {
+  key = current_key (key, value);
   if (strcmp (key, "file") == 0) {
+    if (!remote_is_uri (value) && check_uri_scheme (value) == -1)
+      return -1;
     /* Absolute now: nbdkit changes directory to / when it forks.  An
      * NBD URI is libnbd's to parse, not a path.
      */
@@ -467,8 +565,11 @@ plugin_config (const char *key, const char *value)
       return -1;
     }
   }
-  else if (strcmp (key, "idle") == 0)
-    return parse_duration_param (key, value, &cfg.idle_ns);
+  else if (strcmp (key, "idle") == 0) {
+    if (parse_duration_param (key, value, &cfg.idle_ns) == -1)
+      return -1;
+    snprintf (idle_text, sizeof idle_text, "%s", value);
+  }
   else if (strcmp (key, "max-delay") == 0) {
     if (parse_duration_param (key, value, &cfg.max_delay_ns) == -1)
       return -1;
@@ -476,6 +577,7 @@ plugin_config (const char *key, const char *value)
       nbdkit_error ("max-delay=%s: must be greater than 0", value);
       return -1;
     }
+    snprintf (max_delay_text, sizeof max_delay_text, "%s", value);
   }
   else if (strcmp (key, "max-requests") == 0) {
     unsigned n;
@@ -528,35 +630,45 @@ plugin_config (const char *key, const char *value)
       return -1;
     cfg.connect_retry_text = value;
   }
-  else if (strcmp (key, "retry-delay") == 0) {
+  else if (strcmp (key, "requeue-delay") == 0) {
     if (parse_duration_param (key, value, &cfg.retry.delay_ns) == -1)
       return -1;
     if (cfg.retry.delay_ns == 0) {
-      nbdkit_error ("retry-delay=%s: must be greater than 0 "
+      nbdkit_error ("requeue-delay=%s: must be greater than 0 "
                     "(a zero delay would spin)", value);
       return -1;
     }
-    snprintf (retry_delay_text, sizeof retry_delay_text, "%s", value);
+    snprintf (requeue_delay_text, sizeof requeue_delay_text, "%s", value);
   }
-  else if (strcmp (key, "retry-max-delay") == 0)
+  else if (strcmp (key, "requeue-max-delay") == 0)
     return parse_duration_param (key, value, &cfg.retry.max_delay_ns);
-  else if (strcmp (key, "retry-timeout") == 0) {
+  else if (strcmp (key, "requeue-timeout") == 0) {
     if (parse_duration_param (key, value, &cfg.retry.timeout_ns) == -1)
       return -1;
-    snprintf (retry_timeout_text, sizeof retry_timeout_text, "%s", value);
+    snprintf (requeue_timeout_text, sizeof requeue_timeout_text, "%s", value);
   }
-  else if (strcmp (key, "shared") == 0) {
+  else if (strcmp (key, "lock") == 0 || strcmp (key, "shared") == 0) {
+    /* shared= (nbdkit-nbd-plugin's shared= means one connection for
+     * all clients, something else) is lock= inverted.
+     */
+    bool lock = strcmp (key, "lock") == 0;
     int r = nbdkit_parse_bool (value);
 
     if (r == -1) {
-      nbdkit_error ("shared=%s: expected a boolean such as yes or no", value);
+      nbdkit_error ("%s=%s: expected a boolean such as yes or no",
+                    key, value);
       return -1;
     }
-    cfg.shared = r;
+    if (!lock)
+      nbdkit_error ("warning: shared=%s: shared= is deprecated, use "
+                    "lock=%s (nbdkit-nbd-plugin's shared= means something "
+                    "else); the old name goes in the next release",
+                    value, r ? "no" : "yes");
+    cfg.shared = lock ? !r : r;
   }
   else if (strcmp (key, "stats-interval") == 0)
     return parse_duration_param (key, value, &cfg.stats_interval_ns);
-  else if (strcmp (key, "statsfile") == 0) {
+  else if (strcmp (key, "stats-file") == 0) {
     /* The file need not exist yet: make the directory absolute. */
     free (statsfile);
     if (value[0] == '/')
@@ -568,7 +680,7 @@ plugin_config (const char *key, const char *value)
         statsfile = NULL;
     }
     if (statsfile == NULL) {
-      nbdkit_error ("statsfile=%s: %m", value);
+      nbdkit_error ("stats-file=%s: %m", value);
       return -1;
     }
   }
@@ -591,6 +703,7 @@ plugin_config_complete (void)
     cfg.lim.max_requests = DEFAULT_MAX_REQUESTS;
   if (check_retry_timeout () == -1)
     return -1;
+  check_idle ();
   if (cfg.retry.max_delay_ns < cfg.retry.delay_ns)
     cfg.retry.max_delay_ns = cfg.retry.delay_ns;
   cfg.statsfile = statsfile;
@@ -723,7 +836,7 @@ plugin_get_ready (void)
   size_t i, bad;
 
   start_ns = now_ns ();
-  /* Refuse an unwritable statsfile= now, not at the first close. */
+  /* Refuse an unwritable stats-file= now, not at the first close. */
   if (statsfile) {
     CLEANUP_FREE char *tmp = NULL;
     int fd;
@@ -734,7 +847,7 @@ plugin_get_ready (void)
     }
     fd = open (tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     if (fd == -1) {
-      nbdkit_error ("statsfile=%s: cannot create %s: %m", statsfile, tmp);
+      nbdkit_error ("stats-file=%s: cannot create %s: %m", statsfile, tmp);
       return -1;
     }
     close (fd);
@@ -761,10 +874,16 @@ plugin_get_ready (void)
     if (errno != EINVAL)
       nbdkit_error ("layout: %m");
     else if (why == LAYOUT_EMPTY_FILE || why == LAYOUT_STRIPE_NOT_MULTIPLE ||
-             why == LAYOUT_STRIPE_UNEQUAL || why == LAYOUT_TOO_LARGE)
-      nbdkit_error ("file=%s: %s (size %" PRIu64 ", stripe=%" PRIu64 ")",
-                    files.ptr[bad], layout_strerror (why), sizes[bad],
-                    stripe);
+             why == LAYOUT_STRIPE_UNEQUAL || why == LAYOUT_TOO_LARGE) {
+      /* stripe= only when one was asked for: 0 means concatenated. */
+      if (stripe > 0)
+        nbdkit_error ("file=%s: %s (size %" PRIu64 ", stripe=%" PRIu64 ")",
+                      files.ptr[bad], layout_strerror (why), sizes[bad],
+                      stripe);
+      else
+        nbdkit_error ("file=%s: %s (size %" PRIu64 ")",
+                      files.ptr[bad], layout_strerror (why), sizes[bad]);
+    }
     else
       nbdkit_error ("%s", layout_strerror (why));
     return -1;
@@ -805,9 +924,9 @@ plugin_dump_plugin (void)
   printf ("plug_direct_size_default=%d\n", DEFAULT_DIRECT_SIZE_LOCAL);
   printf ("plug_direct_size_default_remote=%d\n",
           DEFAULT_DIRECT_SIZE_REMOTE);
-  printf ("plug_retry_delay_default=3ms\n");
-  printf ("plug_retry_max_delay_default=100ms\n");
-  printf ("plug_retry_timeout_default=10s\n");
+  printf ("plug_requeue_delay_default=3ms\n");
+  printf ("plug_requeue_max_delay_default=100ms\n");
+  printf ("plug_requeue_timeout_default=10s\n");
   printf ("plug_remote_connections_default=%d\n",
           DEFAULT_REMOTE_CONNECTIONS);
   printf ("plug_remote_queue_depth_default=%d\n",
@@ -815,7 +934,7 @@ plugin_dump_plugin (void)
   printf ("plug_connect_timeout_default=%s\n",
           DEFAULT_CONNECT_TIMEOUT_TEXT);
   printf ("plug_connect_retry_default=%s\n", DEFAULT_CONNECT_RETRY_TEXT);
-  printf ("plug_shared_default=no\n");
+  printf ("plug_lock_default=yes\n");
   printf ("plug_stats_interval_default=2s\n");
   printf ("plug_libev=%d.%d\n", ev_version_major (), ev_version_minor ());
   {
@@ -1104,12 +1223,14 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   "direct=auto|never       Write what cannot merge at once, unplugged (auto).\n" \
   "direct-size=SIZE        With direct=auto, also requests this large (64k;\n" \
   "                        1M with an NBD server as a backing file; 0: off).\n" \
-  "retry-delay=DURATION    First retry after EAGAIN/ENOMEM (3ms).\n" \
-  "retry-max-delay=DURATION Backoff cap (100ms).\n" \
-  "retry-timeout=DURATION  Give up with EIO after this long (10s).\n" \
-  "shared=BOOL             Do not lock the files against other processes (no).\n" \
-  "statsfile=PATH          Write JSON statistics here.\n" \
-  "stats-interval=DURATION Rewrite statsfile= this often while connections\n" \
+  "requeue-delay=DURATION  First retry after EAGAIN/ENOMEM (3ms).\n" \
+  "requeue-max-delay=DURATION\n" \
+  "                        Backoff cap (100ms).\n" \
+  "requeue-timeout=DURATION\n" \
+  "                        Give up with EIO after this long (10s).\n" \
+  "lock=BOOL               Lock the files against other processes (yes).\n" \
+  "stats-file=PATH         Write JSON statistics here.\n" \
+  "stats-interval=DURATION Rewrite stats-file= this often while connections\n" \
   "                        are open (2s; 0: only at close and exit)."
 
 static struct nbdkit_plugin plugin = {

@@ -51,13 +51,13 @@ struct config {
   uint64_t direct_min;          /* direct-size=: so do requests this
                                  * large. */
   struct retry_policy retry;
-  bool shared;                  /* shared=yes: no lock on the files. */
+  bool shared;                  /* lock=no: no lock on the files. */
   const char *statsfile;        /* Owned (nbdkit_realpath-like copy). */
   unsigned remote_connections;  /* remote-connections=: handles per NBD
                                  * URI (where it allows multi-conn). */
   unsigned remote_queue_depth;  /* remote-queue-depth=: runs in flight
                                  * per NBD URI. */
-  uint64_t stats_interval_ns;   /* stats-interval=: rewrite statsfile=
+  uint64_t stats_interval_ns;   /* stats-interval=: rewrite stats-file=
                                  * this often while connections are
                                  * open; 0: only at close and exit. */
   uint64_t connect_timeout_ns;  /* connect-timeout=: one attempt to
@@ -90,12 +90,12 @@ extern bool inject_eagain (void);
 struct conn;
 
 /* A connection closes: take it out of the registry, add its statistics
- * to the totals and rewrite statsfile= (if any), all under stats_lock.
+ * to the totals and rewrite stats-file= (if any), all under stats_lock.
  * Context: .close.
  */
 extern void stats_publish_close (struct conn *c);
 
-/* Rewrite statsfile= (if any) with the live figures.  Takes stats_lock,
+/* Rewrite stats-file= (if any) with the live figures.  Takes stats_lock,
  * then conns_lock and eng_lock briefly (conns_live).  Context: the
  * timer thread, every stats-interval= while connections are open.
  */

@@ -74,8 +74,8 @@
 /* A server that came back with an export that differs from the one
  * learnt at start serves something else until somebody fixes it: a
  * lasting condition, not a blip that the reconnect backoff
- * (retry-max-delay=, 100 ms by default, per connection) is made for.
- * One connection looks again this often (or every retry-max-delay=, if
+ * (requeue-max-delay=, 100 ms by default, per connection) is made for.
+ * One connection looks again this often (or every requeue-max-delay=, if
  * that is longer).
  */
 #define DIFFERS_RETRY_NS 2000000000ULL
@@ -274,19 +274,34 @@ static void open_failed (struct remote *r, struct rconn *c, const char *why);
 static void note_answered (struct remote *r, struct rconn *c,
                            const struct rcmd *cmd);
 
+static const char *const uri_schemes[] = {
+  "nbd://", "nbds://", "nbd+unix://", "nbds+unix://",
+  "nbd+vsock://", "nbds+vsock://",
+};
+#define NR_URI_SCHEMES (sizeof uri_schemes / sizeof uri_schemes[0])
+
 bool
 remote_is_uri (const char *name)
 {
-  static const char *const schemes[] = {
-    "nbd://", "nbds://", "nbd+unix://", "nbds+unix://",
-    "nbd+vsock://", "nbds+vsock://",
-  };
   size_t i;
 
-  for (i = 0; i < sizeof schemes / sizeof schemes[0]; ++i)
-    if (strncmp (name, schemes[i], strlen (schemes[i])) == 0)
+  for (i = 0; i < NR_URI_SCHEMES; ++i)
+    if (strncmp (name, uri_schemes[i], strlen (uri_schemes[i])) == 0)
       return true;
   return false;
+}
+
+const char *
+remote_uri_schemes (void)
+{
+  static char text[128];
+  size_t i, len = 0;
+
+  if (text[0] == '\0')
+    for (i = 0; i < NR_URI_SCHEMES; ++i)
+      len += snprintf (text + len, sizeof text - len, "%s%s",
+                       i == 0 ? "" : ", ", uri_schemes[i]);
+  return text;
 }
 
 const struct remote_info *
@@ -1374,7 +1389,7 @@ park (struct remote *r, struct rcmd *cmd)
 
 /* A worker's command got "not now" (the server's ENOMEM, libnbd's own
  * ENOMEM): park it and send it again after the engine's backoff, until
- * retry-timeout.  Returns false when the time is up.
+ * requeue-timeout.  Returns false when the time is up.
  */
 static bool
 retry_later (struct remote *r, struct rcmd *cmd)
@@ -1468,7 +1483,7 @@ dispatch (struct remote *r, struct rcmd *cmd)
     return;
   }
   /* No connection.  A run goes back to the engine, which requeues it
-   * and retries it after its delay (bounded by retry-timeout); a
+   * and retries it after its delay (bounded by requeue-timeout); a
    * waiting worker waits here for a connection, as long.
    */
   if (cmd->kind == RC_RUN) {
@@ -1538,7 +1553,7 @@ finish_done (struct remote *r)
 
 /* ---- the loop thread: connections ---- */
 
-/* The engine's own backoff (retry-delay= up to retry-max-delay=): the
+/* The engine's own backoff (requeue-delay= up to requeue-max-delay=): the
  * runs that wait for the connection are retried at that pace, so the
  * connection is back at most one such delay after the server.
  */
@@ -1599,7 +1614,7 @@ open_failed (struct remote *r, struct rconn *c, const char *why)
   if (up > 0 && !r->differs) {
     delay = SPARE_RETRY_NS << (c->attempts < 6 ? c->attempts : 6);
     delay = MIN (delay, SPARE_RETRY_MAX_NS);
-    /* Never faster than in an outage (a long retry-max-delay=). */
+    /* Never faster than in an outage (a long requeue-max-delay=). */
     delay = MAX (delay, reconnect_delay (r, c->attempts));
     if (!r->short_logged &&
         ratelimit_allow (&r->short_log, now, &suppressed)) {
@@ -1640,7 +1655,7 @@ conn_lost (struct remote *r, struct rconn *c, const char *why)
       __atomic_store_n (&r->outage_since_ns, now_ns (), __ATOMIC_RELAXED);
     if (!r->outage_logged && !r->stopping)
       nbdkit_error ("file=%s: connection lost (%s): reconnecting; writes "
-                    "wait up to retry-timeout", r->uri, why);
+                    "wait up to requeue-timeout", r->uri, why);
     r->outage_logged = true;
   }
   if (c->events)
@@ -1908,17 +1923,17 @@ timer_cb (struct ev_loop *loop, ev_timer *w, int revents)
     }
   }
   /* Workers waiting for a connection, or to try again after "not
-   * now", give up after retry-timeout.
+   * now", give up after requeue-timeout.
    */
   for (pp = &r->parked; (cmd = *pp) != NULL; ) {
     if (now >= cmd->deadline_ns) {
       *pp = cmd->next;
       if (cmd->retry_at_ns)
-        nbdkit_error ("file=%s: %s: %s for retry-timeout: giving up",
+        nbdkit_error ("file=%s: %s: %s for requeue-timeout: giving up",
                       r->uri, kind_name (cmd->kind), strerror (cmd->err));
       else
         nbdkit_error ("file=%s: no connection to the server for "
-                      "retry-timeout: giving up", r->uri);
+                      "requeue-timeout: giving up", r->uri);
       cmd->err = EIO;
       done_push (r, cmd);
     }

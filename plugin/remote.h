@@ -31,7 +31,7 @@
  * Reads, flushes, cache and block status come from nbdkit worker
  * threads that wait for the answer (struct remote_wait): they are
  * queued the same way; when no connection is up they wait for one, for
- * at most retry-timeout=, and a command that died with its connection
+ * at most requeue-timeout=, and a command that died with its connection
  * is sent again.
  *
  * What a connection answered (writes and zeroes, without FUA) is kept as
@@ -42,7 +42,7 @@
  *
  * A connection that breaks is reconnected in the loop with the engine's
  * capped exponential backoff (retry_delay() from src/retry.h,
- * retry-delay= up to retry-max-delay=).  A server that came back with
+ * requeue-delay= up to requeue-max-delay=).  A server that came back with
  * an export that differs from struct remote_info in a way the plug
  * relies on (export_differs in remote.c) is not used, and is probed
  * slowly by one connection (DIFFERS_RETRY_NS).  A connection that
@@ -94,10 +94,10 @@ struct remote_info {
 
 struct remote_config {
   unsigned max_conns;           /* remote-connections= */
-  struct retry_policy retry;    /* retry-timeout= bounds the waits of
+  struct retry_policy retry;    /* requeue-timeout= bounds the waits of
                                  * reads and flushes while the server is
                                  * unreachable; reconnects back off from
-                                 * retry-delay= to retry-max-delay=. */
+                                 * requeue-delay= to requeue-max-delay=. */
   uint64_t connect_timeout_ns;  /* connect-timeout=: one attempt (TCP
                                  * connect, TLS and NBD handshakes). */
   uint64_t connect_retry_ns;    /* connect-retry=: how long remote_open
@@ -110,6 +110,11 @@ struct remote_config {
  * URI is parsed here: libnbd does that.
  */
 extern bool remote_is_uri (const char *name);
+
+/* The schemes remote_is_uri accepts, as "nbd://, nbds://, ...", for
+ * messages.  Built at the first call: call it from .config (one thread).
+ */
+extern const char *remote_uri_schemes (void);
 
 /* Connect to uri, synchronously (context: .get_ready): the first
  * connection alone (it tells whether the server allows more), tried

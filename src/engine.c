@@ -174,6 +174,7 @@ enum conn_pace {
 
 struct eng_conn {
   struct engine *e;
+  uint64_t id;                  /* engine_conn_set_id: for messages. */
   struct eng_conn *prev, *next; /* e->conns. */
   struct plug_stats *stats;     /* Borrowed from the caller. */
   enum conn_state state;
@@ -491,6 +492,15 @@ engine_free (struct engine *e)
   }
   free (e->files);
   free (e);
+}
+
+/* The timer thread unplugs for every connection, where nbdkit's own
+ * prefix names no connection: the messages name it themselves.
+ */
+void
+engine_conn_set_id (struct eng_conn *c, uint64_t id)
+{
+  c->id = id;
 }
 
 struct eng_conn *
@@ -1513,8 +1523,8 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
     plug_run_vector_reset (&runs);
     c->unplug_retry_ns = eng_add_ns (now, e->cfg.retry.delay_ns);
     deadline_earlier (e);
-    eng_log (e, 1, "unplug %s: out of memory, retrying later",
-             plug_reason_name (reason));
+    eng_log (e, 1, "connection %" PRIu64 ": unplug %s: out of memory, "
+             "retrying later", c->id, plug_reason_name (reason));
     return;
   }
   c->unplug_retry_ns = 0;
@@ -1522,8 +1532,9 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
   stats_max (&c->stats->largest_requests, nreqs);
   stats_max (&c->stats->largest_bytes, bytes);
   if (e->cfg.debug_unplug)
-    eng_log (e, 1, "unplug %s: %zu requests %" PRIu64 " bytes -> %zu runs",
-             plug_reason_name (reason), nreqs, bytes, runs.len);
+    eng_log (e, 1, "connection %" PRIu64 ": unplug %s: %zu requests %"
+             PRIu64 " bytes -> %zu runs",
+             c->id, plug_reason_name (reason), nreqs, bytes, runs.len);
 
   batch = e->next_batch++;
   for (i = 0; i < runs.len; ++i) {
@@ -1951,7 +1962,7 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
   }
   if (wb && (c->mem_wait.head != NULL || over_memory (e, c, op))) {
     /* At the bound the writer waits for memory, bounded by
-     * retry-timeout; the plug goes out so that memory comes back.
+     * requeue-timeout; the plug goes out so that memory comes back.
      */
     op->state = OP_WAIT_MEMORY;
     op->reply_pending = true;
@@ -2277,11 +2288,11 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
   deadline = eng_add_ns (f->retry.since_ns, e->cfg.retry.timeout_ns);
   if (now >= deadline) {
     STATS_ADD (r->conn->stats->gave_up, 1);
-    log_run (e, r, "giving up after retry-timeout", EAGAIN, now);
+    log_run (e, r, "giving up after requeue-timeout", EAGAIN, now);
     run_finish (e, r, EIO, now, out);
-    /* The file has said "not now" for retry-timeout: each queued run
+    /* The file has said "not now" for requeue-timeout: each queued run
      * gets one more attempt at once, and gives up too if it is refused
-     * (so a close or exit ends within retry-timeout plus one attempt
+     * (so a close or exit ends within requeue-timeout plus one attempt
      * per run).  With nothing left in flight, a stalled queue would
      * otherwise wait for ever.
      */
@@ -2296,7 +2307,7 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
     return;
   }
   /* blk_delay_queue, with a capped backoff; the last retry lands on the
-   * deadline, so that the file gets its whole retry-timeout, never more.
+   * deadline, so that the file gets its whole requeue-timeout, never more.
    */
   delay = retry_delay (&e->cfg.retry, f->retry.attempts);
   if (f->retry.attempts < 64)
@@ -2358,7 +2369,7 @@ engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
     run_finish (e, r, err, now, out);
   }
   /* A stretch of "not now" ends when its file has nothing left, given
-   * up or failed: the next refusal gets a retry-timeout of its own.
+   * up or failed: the next refusal gets a requeue-timeout of its own.
    */
   if (f->inflight == 0 && f->nr_queued == 0)
     retry_reset (&f->retry);

@@ -42,7 +42,7 @@
  *  - NEVER DROPPED.  "Not now" (EAGAIN, ENOMEM, EBUSY from the backend,
  *    or no free in-flight slot) leaves a run queued in its place; the
  *    file's queue is delayed (blk_delay_queue) or waits for a completion.
- *    A run fails for good only on a real error, or after retry-timeout
+ *    A run fails for good only on a real error, or after requeue-timeout
  *    of "not now".
  *  - ERRORS BELONG TO RUNS.  A failed run fails only its own requests;
  *    other runs of the same file go on.  A client that waits for a
@@ -302,6 +302,12 @@ extern void engine_set_max_inflight (struct engine *e, uint32_t b,
 extern struct eng_conn *engine_conn_open (struct engine *e,
                                           struct plug_stats *stats)
   __attribute__ ((__nonnull__ (1, 2)));
+
+/* The number the engine's messages about c give it ("connection ID:
+ * unplug ..."); 0 until set.  Context: before c's first op.
+ */
+extern void engine_conn_set_id (struct eng_conn *c, uint64_t id)
+  __attribute__ ((__nonnull__ (1)));
 
 /* The statistics of the connection whose plug made r, for the issuer
  * to count in (atomically: STATS_ADD).  Valid until r is completed.

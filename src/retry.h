@@ -21,17 +21,17 @@
 #include <stdint.h>
 
 struct retry_policy {
-  uint64_t delay_ns;            /* First delay (retry-delay=). */
-  uint64_t max_delay_ns;        /* Cap of the backoff (retry-max-delay=). */
+  uint64_t delay_ns;            /* First delay (requeue-delay=). */
+  uint64_t max_delay_ns;        /* Cap of the backoff (requeue-max-delay=). */
   uint64_t timeout_ns;          /* Give up this long after the first
-                                 * failure (retry-timeout=). */
+                                 * failure (requeue-timeout=). */
 };
 
 /* The backoff of one queue, and since when it says "not now".  The
- * give-up deadline is the queue's (retry-timeout= "when a backing file
+ * give-up deadline is the queue's (requeue-timeout= "when a backing file
  * has said not now" for that long), not each run's: with one slot, runs
  * that each waited their own timeout would give up one after another,
- * N times retry-timeout for N runs.
+ * N times requeue-timeout for N runs.
  */
 struct retry_state {
   unsigned attempts;            /* Delays so far; 0 = not delayed. */

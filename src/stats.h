@@ -88,7 +88,7 @@ struct plug_stats {
   uint64_t restarted;           /* Delayed queues restarted early by the
                                  * completion of another in-flight run
                                  * (blk-mq's SCHED_RESTART). */
-  uint64_t gave_up;             /* Runs failed after retry-timeout. */
+  uint64_t gave_up;             /* Runs failed after requeue-timeout. */
   uint64_t errors;              /* Backend operations that failed. */
   uint64_t no_slot;             /* Dispatches that found every in-flight
                                  * slot of a file taken (max-inflight=):
@@ -271,7 +271,7 @@ extern void stats_unflushed_total (const struct stats_unflushed *u,
                                    struct stats_window *out)
   __attribute__ ((__nonnull__ (1, 2)));
 
-/* ---- The live report (statsfile= while connections are open) ---- */
+/* ---- The live report (stats-file= while connections are open) ---- */
 
 /* A backing file, as the engine and its backend see it now. */
 struct stats_file_live {
@@ -326,7 +326,7 @@ struct stats_report {
   const struct stats_file_live *files;
 };
 
-/* Format r as JSON (the statsfile= format, documented in the man page):
+/* Format r as JSON (the stats-file= format, documented in the man page):
  * the fields of stats_json (r->closed) and the live ones.  Returns a
  * malloc'd string, or NULL with errno.
  */
@@ -339,7 +339,7 @@ extern void stats_merge (struct plug_stats *into,
                          const struct plug_stats *from)
   __attribute__ ((__nonnull__ (1, 2)));
 
-/* Format as JSON (the statsfile= format, documented in the man page).
+/* Format as JSON (the stats-file= format, documented in the man page).
  * Returns a malloc'd NUL-terminated string, or NULL with errno.
  */
 extern char *stats_json (const struct plug_stats *s, const char *mode)

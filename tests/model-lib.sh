@@ -15,7 +15,7 @@
 #   - model-test passed (every read matched the reference, no errors);
 #   - the backing files hold exactly the reference image model-test dumped
 #     (concat: the files one after another; stripe: de-striped);
-#   - statsfile= counted the client's operations.
+#   - stats-file= counted the client's operations.
 #
 # LAYOUT is "concat:SIZE,SIZE,..." or "stripe:STRIPE:N:SIZE" (N files of
 # SIZE bytes).  MODE is writeback or hold.  NBDKIT-ARGS starting with "-"
@@ -247,7 +247,7 @@ model_run ()
   start=$(date +%s%N)
   rc=0
   start_server "$name" "${opts[@]}" "$PLUGIN" "${params[@]}" mode="$mode" \
-               statsfile="$dir/stats.json"
+               stats-file="$dir/stats.json"
   eval "timeout $MODEL_TIMEOUT $cmd --uri \"\$SERVER_URI\"" \
        > "$dir/out" 2>&1 || rc=$?
   end=$(date +%s%N)

@@ -102,7 +102,7 @@ model_run_remote ()
   echo "   model-test ${margs[*]}"
   start=$(date +%s%N)
   srv_start "$name-plug" unix "$PLUGIN" "${params[@]}" mode="$mode" \
-            statsfile="$dir/stats.json" || return 1
+            stats-file="$dir/stats.json" || return 1
   timeout "$MODEL_TIMEOUT" \
     "$MODEL" --connections "$conns" "${bounds[@]}" \
              --init "$dir/init" --dump "$dir/dump" --mask "$dir/mask" \

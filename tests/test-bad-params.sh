@@ -3,7 +3,10 @@
 # Copyright the nbdplug authors (see LICENSE).
 
 # test-bad-params.sh - every bad parameter stops nbdkit before it serves,
-# with an error that names the parameter or the file.
+# with an error that names the parameter or the file; a parameter that
+# is accepted but doubtful (an old name, idle= longer than max-delay=)
+# is served with a warning that says why; a file opened read-only says
+# so with -v.
 #
 # For each case "nbdkit -U SOCK plug ... --run" must exit non-zero
 # without running the --run command, and stderr must match the given
@@ -84,6 +87,31 @@ bad ()
   fi
 }
 
+# warns PATTERN ARGS...: nbdkit plug ARGS must serve (the --run command
+# runs, exit status 0) and say PATTERN (with "", anything or nothing).
+warns ()
+{
+  local pattern=$1 before
+  shift
+  rm -f "$tmp/ran" "$tmp/sock"
+  before=$(nbdkit_tmpdirs)
+  nbdkit -U "$tmp/sock" "$PLUGIN" "$@" --run ": > $tmp/ran" 2> "$tmp/err" ||
+    fail "nbdkit plug $* did not serve: $(cat "$tmp/err")"
+  cat "$tmp/err"
+  no_leftovers "$before" "nbdkit plug $*"
+  [ -e "$tmp/ran" ] || fail "nbdkit plug $*: the --run command did not run"
+  [ -z "$pattern" ] || grep -qE -- "$pattern" "$tmp/err" ||
+    fail "nbdkit plug $*: stderr does not match '$pattern'"
+}
+
+# says_not PATTERN: the last case's stderr does not match PATTERN.
+says_not ()
+{
+  if grep -E -- "$1" "$tmp/err"; then
+    fail "the message above should not say '$1'"
+  fi
+}
+
 all_before=$(nbdkit_tmpdirs)
 
 # Control: the good file serves (so the failures below are the
@@ -91,9 +119,9 @@ all_before=$(nbdkit_tmpdirs)
 start_plug good "$good"
 nbdsh_sys -u "$(server_uri good)" -c 'assert h.get_size() == 1024 * 1024'
 stop_server good
-# A retry-timeout equal to retry-delay is allowed (the retry cases below
+# A requeue-timeout equal to requeue-delay is allowed (the retry cases below
 # refuse only a smaller one).
-start_plug good-retry "$good" retry-delay=5ms retry-timeout=5ms
+start_plug good-retry "$good" requeue-delay=5ms requeue-timeout=5ms
 stop_server good-retry
 
 # Files.
@@ -101,7 +129,16 @@ bad "$tmp/nonexistent" "$tmp/nonexistent"
 bad "$tmp/nonexistent" file="$tmp/nonexistent"
 bad "dangling: No such file" "$tmp/dangling"
 bad "file=$tmp/dir.*directory" "$tmp/dir"
-bad "file=$tmp/empty.img: .*empty" "$good" "$tmp/empty.img"
+bad "file=$tmp/empty.img: backing file is empty \(size 0\)$" \
+    "$good" "$tmp/empty.img"
+says_not "stripe="                      # None was asked for.
+bad "file=$tmp/empty.img: backing file is empty \(size 0, stripe=65536\)" \
+    stripe=64k "$tmp/empty.img"
+# A scheme libnbd does not serve: not a path ("realpath: No such file").
+bad "file=nbdx://host/: unknown URI scheme 'nbdx': expected one of nbd://, nbds://, nbd\+unix://.*write \./nbdx://host/" \
+    file=nbdx://host/
+says_not "realpath|No such file"
+bad "file=NBD://host/: unknown URI scheme 'NBD'" NBD://host/
 bad "no backing file given"
 bad "no backing file given" mode=hold
 # Unreadable file.  Root reads a chmod 000 file anyway, so as root run
@@ -131,9 +168,40 @@ cat "$tmp/err"
 no_leftovers "$before" "nbdkit plug unreadable.img"
 test $rc -ne 0
 grep "file=$tmp/pub/unreadable.img: open: Permission denied" "$tmp/err"
+# A file that can be opened only read-only is served read-only, and -v
+# says why (one such file makes the whole export read-only).
+cp "$tmp/pub/readable.img" "$tmp/pub/ro.img"
+chmod 444 "$tmp/pub/ro.img"
+before=$(nbdkit_tmpdirs)
+rm -f "$tmp/pub/run/sock"
+"${AS_NOBODY[@]}" nbdkit -v -U "$tmp/pub/run/sock" "$NOBODY_PLUGIN" \
+                  "$tmp/pub/ro.img" --run 'exit 0' 2> "$tmp/err" ||
+  fail "nbdkit plug ro.img did not serve: $(tail "$tmp/err")"
+no_leftovers "$before" "nbdkit plug ro.img"
+grep "file=$tmp/pub/ro.img: cannot open it read-write (Permission denied): opened read-only, so the whole export is read-only" \
+     "$tmp/err"
 
 # Unknown parameter.
 bad "unknown parameter 'foo'" "$good" foo=bar
+
+# The names of the previous release: served, with a warning naming the
+# new name; the values go where the new names' go.
+rm -f "$tmp/old-stats.json"
+warns "warning: statsfile=$tmp/old-stats.json: statsfile= is deprecated \(it is nbdkit-stats-filter's key\), use stats-file= instead" \
+      "$good" statsfile="$tmp/old-stats.json"
+start_plug old-stats "$good" statsfile="$tmp/old-stats.json"
+nbdsh_sys -u "$(server_uri old-stats)" -c 'h.flush()'
+stop_server old-stats
+grep '"connections": 1' "$tmp/old-stats.json"
+bad "requeue-timeout=4ms: must be at least requeue-delay=5ms" \
+    "$good" retry-delay=5ms retry-timeout=4ms
+grep -F "warning: retry-delay=5ms: retry-delay= is deprecated (it is nbdkit-retry-filter's key), use requeue-delay= instead" "$tmp/err"
+grep -F "warning: retry-timeout=4ms: retry-timeout= is deprecated (renamed with retry-delay=), use requeue-timeout= instead" "$tmp/err"
+bad "requeue-max-delay=abc: expected a duration" "$good" retry-max-delay=abc
+grep -F "retry-max-delay= is deprecated (renamed with retry-delay=), use requeue-max-delay= instead" "$tmp/err"
+warns "warning: shared=yes: shared= is deprecated, use lock=no" \
+      "$good" shared=yes
+bad "lock=sometimes: expected a boolean" "$good" lock=sometimes
 
 # Sizes.
 bad "stripe=1MB" "$good" stripe=1MB
@@ -154,19 +222,38 @@ bad "file=$tmp/half.img: .*stripe" stripe=64k "$good" "$tmp/half.img"
 
 # Mode, durations, counts.
 bad "mode=bogus" "$good" mode=bogus
-bad "idle=5 parsecs" "$good" idle="5 parsecs"
+bad "idle=5 parsecs: expected a duration such as 3ms, 500us or 0.5s$" \
+    "$good" idle="5 parsecs"
+says_not "Invalid argument"
+bad "max-delay=99999999999s: too long" "$good" max-delay=99999999999s
+says_not "Numerical result"
+# idle= longer than max-delay= never fires: served, with a warning
+# (equal is fine: both fire together).
+warns "warning: idle=20ms is longer than max-delay=10ms, so it has no effect" \
+      "$good" idle=20ms
+warns "warning: idle=2s is longer than max-delay=1s" \
+      "$good" max-delay=1s idle=2s
+warns "" "$good" idle=10ms
+says_not "warning"
 bad "max-delay=0" "$good" max-delay=0
-bad "retry-delay=0" "$good" retry-delay=0
-bad "retry-timeout=-1" "$good" retry-timeout=-1
+bad "requeue-delay=0" "$good" requeue-delay=0
+bad "requeue-timeout=-1" "$good" requeue-timeout=-1
 # A timeout below the delay gives up before the first retry: refused,
 # naming both values, whichever of the two keys comes first.
-bad "retry-timeout=0: .*retry-delay=3ms" "$good" retry-timeout=0
-bad "retry-timeout=1ms: .*retry-delay=5ms" "$good" retry-timeout=1ms \
-    retry-delay=5ms
-bad "retry-timeout=4999us: .*retry-delay=5ms" "$good" retry-delay=5ms \
-    retry-timeout=4999us
+bad "requeue-timeout=0: .*requeue-delay=3ms" "$good" requeue-timeout=0
+bad "requeue-timeout=1ms: .*requeue-delay=5ms" "$good" requeue-timeout=1ms \
+    requeue-delay=5ms
+bad "requeue-timeout=4999us: .*requeue-delay=5ms" "$good" requeue-delay=5ms \
+    requeue-timeout=4999us
 bad "max-requests=0" "$good" max-requests=0
-bad "max-requests" "$good" max-requests=many
+bad "max-requests=many: expected a whole number between 1 and 1048576" \
+    "$good" max-requests=many
+bad "io-threads=abc: expected a whole number between 1 and 1024" \
+    "$good" io-threads=abc
+says_not "empty string"
+bad "io-threads=-1: expected a whole number" "$good" io-threads=-1
+bad "io-threads=99999999999999999999: must be between 1 and 1024" \
+    "$good" io-threads=99999999999999999999
 bad "max-inflight=0" "$good" max-inflight=0
 bad "io-threads=0" "$good" io-threads=0
 bad "remote-connections=0" "$good" remote-connections=0

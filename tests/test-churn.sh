@@ -110,7 +110,7 @@ for mode in writeback hold; do
   img=$tmp/$mode.img
   truncate -s 16M "$img"
   start_plug $mode -D plug.backend_delay_us=2000 -- file="$img" mode=$mode \
-             max-inflight=4 direct=never statsfile="$tmp/$mode.json"
+             max-inflight=4 direct=never stats-file="$tmp/$mode.json"
   pids=()
   for c in 0 1 2 3; do
     timeout 120 /usr/bin/python3 "$tmp/client.py" "$(server_uri $mode)" $c 16 \

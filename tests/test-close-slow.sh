@@ -4,10 +4,10 @@
 
 # A slow backend is no reason to drop acknowledged data: a close and
 # the exit wait for it, and give a queued run up only when its file
-# said "not now" (EAGAIN) for retry-timeout= (test-give-up-close.sh),
+# said "not now" (EAGAIN) for requeue-timeout= (test-give-up-close.sh),
 # never because a run in flight is slow or the only slot is busy.
 # Every case: -D plug.backend_delay_us=1500000 (each backend write
-# takes 1.5 s, longer than retry-timeout=1s), writeback mode with the
+# takes 1.5 s, longer than requeue-timeout=1s), writeback mode with the
 # writes held (direct=never idle=10s max-delay=60s), no FLUSH; the
 # backing file itself is read after the server exited with status 0:
 #  1. close: max-inflight=1, four 4 KiB writes 1 MiB apart (four runs
@@ -30,7 +30,7 @@
 # if any of them failed.
 # Able to fail: the plugin of commit 65665af (before the close and the
 # exit waited for a slow backend) gives up three of the four runs at
-# the close (1) and at the exit (2), "not written within retry-timeout
+# the close (1) and at the exit (2), "not written within requeue-timeout
 # of the close", and keeps A, not C (3).
 source ./functions.sh
 set -e
@@ -117,13 +117,13 @@ check_case ()
   /usr/bin/python3 "$tmp/check.py" "$tmp/$1.img" "$1" || failed+=("$1")
 }
 slow=(-D plug.backend_delay_us=1500000)
-held=(direct=never idle=10s max-delay=60s retry-timeout=1s)
+held=(direct=never idle=10s max-delay=60s requeue-timeout=1s)
 
 # 1. Close.
 img=$tmp/close.img
 truncate -s 8M "$img"
 start_plug close "${slow[@]}" -- file="$img" "${held[@]}" max-inflight=1 \
-           statsfile="$tmp/close.json"
+           stats-file="$tmp/close.json"
 timeout 60 /usr/bin/python3 "$tmp/client.py" close "$(server_uri close)"
 wait_closes "$tmp/close.json" 1   # The close is over once it published.
 check_case close
@@ -132,7 +132,7 @@ check_case close
 img=$tmp/sigterm.img
 truncate -s 8M "$img"
 start_plug sigterm "${slow[@]}" -- file="$img" "${held[@]}" max-inflight=1 \
-           statsfile="$tmp/sigterm.json"
+           stats-file="$tmp/sigterm.json"
 timeout 60 /usr/bin/python3 "$tmp/client.py" sigterm "$(server_uri sigterm)" \
         "$tmp/sigterm.ready" &
 cpid=$!
@@ -145,7 +145,7 @@ wait $cpid
 img=$tmp/rewrites.img
 truncate -s 8M "$img"
 start_plug rewrites "${slow[@]}" -- file="$img" direct=never \
-           retry-timeout=1s statsfile="$tmp/rewrites.json"
+           requeue-timeout=1s stats-file="$tmp/rewrites.json"
 timeout 60 /usr/bin/python3 "$tmp/client.py" rewrites "$(server_uri rewrites)"
 wait_closes "$tmp/rewrites.json" 1
 check_case rewrites

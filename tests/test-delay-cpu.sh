@@ -4,7 +4,7 @@
 
 # Waiting for a backend that says "not now" costs no CPU: hold mode,
 # -D plug.inject_eagain=1 (every backend write fails with EAGAIN),
-# retry-timeout=3s retry-max-delay=100ms, one write.  Over the ~3 s the
+# requeue-timeout=3s requeue-max-delay=100ms, one write.  Over the ~3 s the
 # write waits, the server uses < 0.2 s of CPU (utime+stime from
 # /proc/PID/stat), the write then fails with EIO, and the retry timer
 # fired a bounded number of times (~3s/100ms plus the backoff steps:
@@ -20,7 +20,7 @@ plug_tmpdir
 
 truncate -s 1M "$tmp/img"
 start_plug srv -D plug.inject_eagain=1 -- file="$tmp/img" mode=hold \
-           retry-timeout=3s retry-max-delay=100ms statsfile="$tmp/stats.json"
+           requeue-timeout=3s requeue-max-delay=100ms stats-file="$tmp/stats.json"
 
 timeout 60 /usr/bin/python3 - "$(server_sock srv)" "$(server_pid srv)" <<'EOF'
 import errno, nbd, os, sys, time
@@ -46,7 +46,7 @@ c1, t1 = cpu(), time.monotonic()
 print("write failed with EIO after %.2f s; server CPU %.3f s"
       % (t1 - t0, c1 - c0))
 if t1 - t0 < 2.5:
-    sys.exit("gave up after %.2f s, retry-timeout is 3 s" % (t1 - t0))
+    sys.exit("gave up after %.2f s, requeue-timeout is 3 s" % (t1 - t0))
 if c1 - c0 >= 0.2:
     sys.exit("the server used %.3f s of CPU while the backend was delayed"
              % (c1 - c0))

@@ -47,23 +47,23 @@ check ()
 
 truncate -s 16M "$tmp/disk"
 
-start_plug local64 "$tmp/disk" statsfile="$tmp/local64.json"
+start_plug local64 "$tmp/disk" stats-file="$tmp/local64.json"
 write_seq "$(server_uri local64)" 65536
 stop_server local64
 check local64 8
 
-start_plug local32 "$tmp/disk" statsfile="$tmp/local32.json"
+start_plug local32 "$tmp/disk" stats-file="$tmp/local32.json"
 write_seq "$(server_uri local32)" 32768
 stop_server local32
 check local32 1
 
-start_plug local1m "$tmp/disk" direct-size=1M statsfile="$tmp/local1m.json"
+start_plug local1m "$tmp/disk" direct-size=1M stats-file="$tmp/local1m.json"
 write_seq "$(server_uri local1m)" 65536
 stop_server local1m
 check local1m 1
 
 srv_start remote unix memory 16M
-start_plug remote64 "file=${srv_uri[remote]}" statsfile="$tmp/remote64.json"
+start_plug remote64 "file=${srv_uri[remote]}" stats-file="$tmp/remote64.json"
 write_seq "$(server_uri remote64)" 65536
 stop_server remote64
 srv_stop remote

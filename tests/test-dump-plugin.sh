@@ -25,11 +25,11 @@ grep '^errno_is_preserved=1$' "$tmp/dump"
 # Values fixed by design, not by measurement.
 grep '^plug_mode_default=writeback$' "$tmp/dump"
 grep '^plug_max_requests_default=256$' "$tmp/dump"
-grep '^plug_retry_delay_default=3ms$' "$tmp/dump"
+grep '^plug_requeue_delay_default=3ms$' "$tmp/dump"
 grep '^plug_connect_retry_default=0$' "$tmp/dump"
 # Measured or tunable ones: present, with a value.
 for d in idle max_delay max_bytes max_merge max_inflight io_threads \
-         retry_max_delay retry_timeout remote_connections \
+         requeue_max_delay requeue_timeout remote_connections \
          remote_queue_depth connect_timeout; do
   grep "^plug_${d}_default=[0-9]" "$tmp/dump"
 done
@@ -40,8 +40,8 @@ grep '^plug_remote_tls=\(yes\|no\)$' "$tmp/dump"
 nbdkit "$PLUGIN" --help > "$tmp/help"
 cat "$tmp/help"
 for p in file stripe mode idle max-delay max-requests max-bytes max-merge \
-         max-inflight io-threads retry-delay retry-max-delay retry-timeout \
-         statsfile remote-connections remote-queue-depth connect-timeout \
+         max-inflight io-threads requeue-delay requeue-max-delay requeue-timeout \
+         stats-file lock remote-connections remote-queue-depth connect-timeout \
          connect-retry; do
   grep "^$p=" "$tmp/help"
 done

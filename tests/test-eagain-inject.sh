@@ -93,7 +93,7 @@ for mode in writeback hold; do
 open(sys.argv[1], "wb").write(random.Random(9).randbytes(4 << 20))' "$img"
     start=$(date +%s%N)
     start_plug $mode-$n -D plug.inject_eagain=$n -- file="$img" mode=$mode \
-               statsfile="$json"
+               stats-file="$json"
     timeout 60 /usr/bin/python3 $tmp/client.py "$(server_uri $mode-$n)" $img $n
     stop_server $mode-$n
     end=$(date +%s%N)

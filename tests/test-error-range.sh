@@ -186,7 +186,7 @@ for run in healthy failing; do
     wrap=
   fi
   rm -f "$tmp/shim-count"
-  SERVER_WRAP=$wrap start_plug $run file="$img" direct=never retry-timeout=1s
+  SERVER_WRAP=$wrap start_plug $run file="$img" direct=never requeue-timeout=1s
   timeout 300 /usr/bin/python3 "$tmp/bounds.py" "$(server_uri $run)" \
           "$(server_pid $run)" $run > "$tmp/$run.out" || failed+=($run)
   cat "$tmp/$run.out"

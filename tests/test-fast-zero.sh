@@ -22,7 +22,7 @@
 # and without NO_HOLE, in both modes.  Shown able to fail: with
 # engine_complete sending a fast zero's EAGAIN to the retry path like
 # any run's, "the fast zero failed with EIO, not ENOTSUP" (after
-# retry-timeout=2s of retries).
+# requeue-timeout=2s of retries).
 source ./functions.sh
 set -e
 set -x
@@ -85,9 +85,9 @@ for mode in writeback hold; do
   f=$tmp/eagain-$mode.img
   /usr/bin/python3 -c 'import sys; sys.stdout.buffer.write(b"\xaa" * 1048576)' \
           > "$f"
-  # retry-timeout=2s: a fast zero wrongly retried gives up soon.
+  # requeue-timeout=2s: a fast zero wrongly retried gives up soon.
   start_plug eagain-$mode -D plug.inject_eagain=1 -- "$f" mode=$mode \
-             retry-timeout=2s statsfile="$tmp/eagain-$mode.json"
+             requeue-timeout=2s stats-file="$tmp/eagain-$mode.json"
   nbdsh_sys -u "$(server_uri eagain-$mode)" -c - <<'EOF'
 import errno, sys
 K = 1024

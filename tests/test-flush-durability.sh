@@ -60,7 +60,7 @@ EOF
 # direct=never: the requests must wait in the plug (with the default,
 # a request that cannot merge would be written at once instead).
 start_plug srv file="$img" mode=writeback idle=10s max-delay=60s direct=never \
-           statsfile="$tmp/stats.json"
+           stats-file="$tmp/stats.json"
 timeout 60 /usr/bin/python3 $tmp/client.py "$(server_uri srv)" $img
 stop_server srv
 

@@ -28,7 +28,7 @@ for mode in writeback hold; do
   # direct=never: the requests must wait in the plug (with the default,
   # a request that cannot merge would be written at once instead).
   [ $mode = hold ] || params=(idle=10s max-delay=60s direct=never)
-  params+=(statsfile="$tmp/$mode.json")
+  params+=(stats-file="$tmp/$mode.json")
   truncate -s 1M "$tmp/$mode-0.img"
   truncate -s 1M "$tmp/$mode-1.img"
   export mode

@@ -177,7 +177,7 @@ wrap+=" -e trace=fdatasync,fsync,pwrite64,pwritev,pwritev2,fallocate"
 wrap+=" env LD_PRELOAD=$SHIM_FDATASYNC SHIM_PATH=$img SHIM_CONTROL=$tmp/ctl"
 wrap+=" SHIM_COUNT=$tmp/calls"
 SERVER_WRAP=$wrap start_plug group file="$img" direct=never idle=10s \
-                             max-delay=60s statsfile="$tmp/stats.json"
+                             max-delay=60s stats-file="$tmp/stats.json"
 run_client group 300 "$tmp/client.py" "$img" "$tmp/ctl" "$tmp/calls" \
            "$tmp/stats.json" "$tmp/events.json"
 echo ok > "$tmp/ctl"            # A failed client may have left a sync held.

@@ -4,13 +4,13 @@
 
 # A close still gives up on a backend that keeps saying "not now": a
 # close waits for a slow backend (test-close-slow.sh), but a queued run
-# whose file answered EAGAIN for retry-timeout= without a success in
+# whose file answered EAGAIN for requeue-timeout= without a success in
 # between is given up, the loss is counted and logged, the server keeps
 # serving, and the loss stays in the record: every later FLUSH whose
 # horizon covers it fails, on any connection, until the range is
 # written again.
 # -D plug.inject_eagain=1 (every backend write fails with EAGAIN),
-# retry-timeout=1s, writeback mode with the write held (direct=never
+# requeue-timeout=1s, writeback mode with the write held (direct=never
 # idle=10s max-delay=60s):
 #  1. connection 1 writes 4 KiB at 0 (acknowledged) and disconnects
 #     without a FLUSH; the close ends (the statsfile, written at each
@@ -79,7 +79,7 @@ EOF
 img=$tmp/disk.img
 truncate -s 4M "$img"
 start_plug eagain -D plug.inject_eagain=1 -- file="$img" direct=never \
-           idle=10s max-delay=60s retry-timeout=1s statsfile="$tmp/stats.json"
+           idle=10s max-delay=60s requeue-timeout=1s stats-file="$tmp/stats.json"
 run_client eagain 60 "$tmp/client.py" "$tmp/stats.json"
 end_client eagain
 log=$(server_log eagain)

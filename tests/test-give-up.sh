@@ -3,12 +3,12 @@
 # Copyright the nbdplug authors (see LICENSE).
 
 # A backend that never recovers: -D plug.inject_eagain=1 makes every
-# backend write fail with EAGAIN; retry-timeout=300ms.
-#  - hold mode: the write fails with EIO after about retry-timeout, and
+# backend write fail with EAGAIN; requeue-timeout=300ms.
+#  - hold mode: the write fails with EIO after about requeue-timeout, and
 #    the server keeps serving (reads on that and another connection);
 #  - writeback mode (direct=never, so that the write is held): the write
 #    is acknowledged, the next FLUSH fails with EIO no sooner than
-#    retry-timeout, the write is counted lost (statistics) and released:
+#    requeue-timeout, the write is counted lost (statistics) and released:
 #    not in the file, and the FLUSH after that fails too (the range is
 #    lost until written again, which this backend never allows); another
 #    connection still reads.
@@ -48,7 +48,7 @@ h.connect_uri(uri)
 if mode == "hold":
     took = expect_eio("hold: write", lambda: h.pwrite(b"W" * K, 0))
     if took < timeout * 0.9:
-        sys.exit("hold: the write failed after %.3f s, retry-timeout is %s s"
+        sys.exit("hold: the write failed after %.3f s, requeue-timeout is %s s"
                  % (took, timeout))
 else:
     # Acknowledged (it would raise otherwise: every backend write fails).
@@ -56,7 +56,7 @@ else:
     print("writeback: write acknowledged")
     took = expect_eio("writeback: flush", h.flush)
     if took < timeout * 0.9:
-        sys.exit("writeback: flush failed after %.3f s, retry-timeout is %s s"
+        sys.exit("writeback: flush failed after %.3f s, requeue-timeout is %s s"
                  % (took, timeout))
     if in_file(0, K) != b"O" * K:
         sys.exit("writeback: the failed write reached the file")
@@ -83,7 +83,7 @@ for mode in hold writeback; do
   /usr/bin/python3 -c 'import sys
 open(sys.argv[1], "wb").write(b"O" * (1 << 20))' "$img"
   start_plug $mode -D plug.inject_eagain=1 -- file="$img" mode=$mode \
-             direct=never retry-timeout=300ms statsfile="$tmp/$mode.json"
+             direct=never requeue-timeout=300ms stats-file="$tmp/$mode.json"
   timeout 60 /usr/bin/python3 $tmp/client.py "$(server_uri $mode)" $img $mode
   stop_server $mode
   cat "$tmp/$mode.json"

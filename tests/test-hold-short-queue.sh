@@ -30,7 +30,7 @@ for idle in 5ms 20ms; do
 rm -f "$tmp/img" "$tmp/stats.json"
 truncate -s 8M "$tmp/img"
 start_plug srv --threads=16 -- file="$tmp/img" mode=hold idle=$idle \
-           statsfile="$tmp/stats.json"
+           stats-file="$tmp/stats.json"
 
 timeout 120 /usr/bin/python3 - "$(server_uri srv)" <<'PY'
 import nbd, sys

@@ -68,7 +68,7 @@ run ()
   # a request that cannot merge would be written at once instead).
   SERVER_WRAP=$strace \
     start_plug $name file="$img" mode=writeback \
-               idle=10s max-delay=60s direct=never statsfile="$tmp/$name.json" "$@"
+               idle=10s max-delay=60s direct=never stats-file="$tmp/$name.json" "$@"
   timeout 60 /usr/bin/python3 $tmp/client.py "$(server_uri $name)" $img $n $bs
   stop_server $name
   cat "$tmp/$name.json"

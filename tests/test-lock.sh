@@ -6,8 +6,9 @@
 #
 # While one nbdkit plug serves a file, a second one on the same file is
 # refused before it serves: non-zero exit status, the --run command never
-# runs, and its error names the file and shared=yes.  With shared=yes the
-# second one serves.  A file named twice in one process is refused too.
+# runs, and its error names the file and lock=no.  With lock=no the
+# second one serves (and with shared=yes, its deprecated name, which
+# warns).  A file named twice in one process is refused too.
 # The lock stays across nbdkit's fork into the background, and the file
 # is free again once the server has gone.  A file opened read-only takes
 # no lock.  Every server started in the background must exit 0 on
@@ -23,9 +24,9 @@ plug_tmpdir
 
 # The parameter is listed, with its default.
 nbdkit "$PLUGIN" --dump-plugin > "$tmp/dump"
-grep '^plug_shared_default=no$' "$tmp/dump"
+grep '^plug_lock_default=yes$' "$tmp/dump"
 nbdkit "$PLUGIN" --help > "$tmp/help"
-grep '^shared=' "$tmp/help"
+grep '^lock=' "$tmp/help"
 
 img=$tmp/disk.img
 truncate -s 1M "$img"
@@ -79,7 +80,7 @@ refused ()
     exit 1
   fi
   grep -F "file=$img: already in use" "$tmp/err"
-  grep -F "shared=yes" "$tmp/err"
+  grep -F "add lock=no" "$tmp/err"
 }
 
 # accepted SIZE ARGS...: "nbdkit plug ARGS" serves (the --run command
@@ -100,26 +101,30 @@ for mode in writeback hold; do
   first=$pid
   refused "$img"
   refused file="$img" mode=hold
+  refused "$img" lock=yes
   refused "$img" shared=no
-  accepted 1048576 "$img" shared=yes
-  accepted 1048576 "$img" shared=true mode=$mode
+  accepted 1048576 "$img" lock=no
+  accepted 1048576 "$img" lock=false mode=$mode
+  accepted 1048576 "$img" shared=true mode=$mode 2> "$tmp/err"
+  cat "$tmp/err"
+  grep -F "warning: shared=true: shared= is deprecated, use lock=no" "$tmp/err"
   stop $first
 done
 
 # The same file twice in one process.
 refused "$img" "$img"
-accepted 2097152 "$img" "$img" shared=yes
+accepted 2097152 "$img" "$img" lock=no
 
 # After the server has gone, the file is free.
 accepted 1048576 "$img"
 
 # Bad value.
 rc=0
-nbdkit -U "$tmp/refused.sock" "$PLUGIN" "$img" shared=perhaps \
+nbdkit -U "$tmp/refused.sock" "$PLUGIN" "$img" lock=perhaps \
        --run 'exit 0' 2> "$tmp/err" || rc=$?
 cat "$tmp/err"
 test $rc -ne 0
-grep -F "shared=perhaps" "$tmp/err"
+grep -F "lock=perhaps: expected a boolean" "$tmp/err"
 
 # nbdkit forks into the background after opening the files: the lock
 # must go with it.  A daemon is not our child, so its exit status cannot

@@ -8,7 +8,7 @@
 # the plugin must resolve relative paths at configuration time.  From a
 # temporary working directory, nbdkit runs in the background (-U sock
 # -P pidfile, forking) with a bare relative path, a file= relative path
-# in a subdirectory and a relative statsfile=.  A client writes across
+# in a subdirectory and a relative stats-file=.  A client writes across
 # the boundary between the two files; the files then hold the data, and
 # the statistics appear in the working directory.  The forked server is
 # not our child: a python "subreaper" (prctl PR_SET_CHILD_SUBREAPER)
@@ -61,7 +61,7 @@ sys.exit(status)
 EOF
 
 /usr/bin/python3 "$tmp/reaper.py" nbdkit -U "$tmp/sock" -P "$tmp/pid" \
-       "$PLUGIN" a.img file=sub/b.img statsfile=stats.json &
+       "$PLUGIN" a.img file=sub/b.img stats-file=stats.json &
 reaper=$!
 cleanup_fn kill -KILL $reaper
 # Without -f nbdkit has forked: the pid file is there when it serves.
@@ -97,6 +97,6 @@ assert len(a) == len(b) == 64 * 1024
 assert a[-1000:] == b"\x11" * 1000 and a[:-1000] == bytes(64 * 1024 - 1000)
 assert b[:1000] == b"\x22" * 1000 and b[1000:] == bytes(64 * 1024 - 1000)
 EOF
-# The relative statsfile= landed here, not in /.
+# The relative stats-file= landed here, not in /.
 grep '"connections": 1' stats.json
 grep '"write": { "ops": 1, "bytes": 2000 }' stats.json

@@ -98,7 +98,7 @@ for mode in writeback hold; do
   slow=()
   [ $mode = hold ] && slow=(-D plug.backend_delay_us=1000)
   run $mode "${slow[@]}" "$PLUGIN" file="$tmp/$mode.img" mode=$mode \
-      idle=10ms max-delay=100ms statsfile="$tmp/$mode.json"
+      idle=10ms max-delay=100ms stats-file="$tmp/$mode.json"
   calls=$(count_pwrites "$tmp/$mode.strace")
   ops=$(jget "$tmp/$mode.json" backend.write.ops)
   bytes=$(jget "$tmp/$mode.json" backend.write.bytes)
@@ -136,7 +136,7 @@ for mode in writeback hold; do
   slow=()
   [ $mode = hold ] && slow=(-D plug.backend_delay_us=1000)
   start_plug d-$mode "${slow[@]}" -- file="$tmp/d-$mode.img" \
-             mode=$mode statsfile="$tmp/d-$mode.json"
+             mode=$mode stats-file="$tmp/d-$mode.json"
   timeout 120 /usr/bin/python3 $tmp/seqw.py "$(server_uri d-$mode)" $n $qd
   stop_server d-$mode
   ops=$(jget "$tmp/d-$mode.json" backend.write.ops)

@@ -61,7 +61,7 @@ done
 # a request that cannot merge would be written at once instead).
 start_plug srv file="$tmp/f0" file="$tmp/f1" file="$tmp/f2" \
            mode=writeback idle=10s max-delay=60s direct=never \
-           statsfile="$tmp/stats.json"
+           stats-file="$tmp/stats.json"
 timeout 60 /usr/bin/python3 $tmp/client.py "$(server_uri srv)" "${files[@]}"
 stop_server srv
 

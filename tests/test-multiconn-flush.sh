@@ -124,7 +124,7 @@ EOF
 mkdir "$tmp/st"
 SERVER_WRAP="strace -ff -qq -ttt -T -y -s 0 -o $tmp/st/t -e trace=fdatasync,fsync,pwrite64,pwritev,pwritev2" \
   start_plug srv file="$img" mode=writeback idle=10s max-delay=60s \
-             direct=never statsfile="$tmp/stats.json"
+             direct=never stats-file="$tmp/stats.json"
 timeout 60 /usr/bin/python3 "$tmp/client.py" "$(server_uri srv)" "$img" \
         "$tmp/stats.json" "$tmp/events"
 stop_server srv

@@ -61,7 +61,7 @@ mc_serve ()
     esac
   done
   nbdkit -f "${opts[@]}" -U "$mc_dir/sock" -P "$mc_dir/pid" "$PLUGIN" \
-         "${mc_params[@]}" "${params[@]}" statsfile="$mc_dir/stats.json" \
+         "${mc_params[@]}" "${params[@]}" stats-file="$mc_dir/stats.json" \
          2> "$mc_dir/server.log" &
   mc_pid=$!
   cleanup_fn quiet_kill $mc_pid

@@ -109,7 +109,7 @@ run ()
   echo "== $name: nbdkit plug mode=$mode $*; nbdcopy --threads=4 $copts"
   nbdkit -f -U "$d/sock" -P "$d/pid" "$PLUGIN" \
          file="$img/$name-a" file="$img/$name-b" mode="$mode" \
-         statsfile="$d/stats.json" "$@" 2> "$d/server.log" &
+         stats-file="$d/stats.json" "$@" 2> "$d/server.log" &
   pid=$!
   cleanup_fn quiet_kill $pid
   wait_for_file "$d/pid" && wait_for_file "$d/sock" || {

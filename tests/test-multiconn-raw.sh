@@ -203,7 +203,7 @@ for f, n in zip(sys.argv[2::2], sys.argv[3::2]):
   echo "== $name: nbdkit $opt plug $* (loops $RAW_LOOPS + $RAW_DISC_LOOPS)"
   # shellcheck disable=SC2086
   nbdkit -f $opt -U "$d/sock" -P "$d/pid" "$PLUGIN" \
-         file="$d/a" file="$d/b" statsfile="$d/stats.json" "$@" \
+         file="$d/a" file="$d/b" stats-file="$d/stats.json" "$@" \
          2> "$d/server.log" &
   pid=$!
   cleanup_fn quiet_kill $pid

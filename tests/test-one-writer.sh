@@ -62,7 +62,7 @@ check ()
   # plug until the FLUSH.
   start_plug "$name" "$@" -- "${params[@]}" mode=writeback \
              direct=never idle=10s max-delay=60s \
-             statsfile="$tmp/$name.json"
+             stats-file="$tmp/$name.json"
   timeout 60 /usr/bin/python3 "$tmp/client.py" "$(server_uri "$name")" \
           "$per" "${files[@]}"
   stop_server "$name"

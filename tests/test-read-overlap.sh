@@ -58,7 +58,7 @@ open(sys.argv[1], "wb").write(b"O" * (1 << 20))' "$img"
   # direct=never: the requests must wait in the plug (with the default,
   # a request that cannot merge would be written at once instead).
   start_plug $case file="$img" mode=writeback idle=10s max-delay=60s \
-             direct=never statsfile="$tmp/$case.json"
+             direct=never stats-file="$tmp/$case.json"
   timeout 60 /usr/bin/python3 $tmp/client.py "$(server_uri $case)" $img $case
   stop_server $case
   cat "$tmp/$case.json"

@@ -84,7 +84,7 @@ for mode in writeback hold; do
   img=$tmp/$mode.img
   truncate -s 4M "$img"
   start_plug $mode -D plug.backend_delay_us=1000 -- file="$img" \
-             mode=$mode max-inflight=1 max-bytes=128k statsfile="$tmp/$mode.json"
+             mode=$mode max-inflight=1 max-bytes=128k stats-file="$tmp/$mode.json"
   timeout 60 sh $tmp/clients.sh "$(server_uri $mode)" $img
   stop_server $mode
   /usr/bin/python3 - "$tmp/$mode.json" $mode <<'EOF'

@@ -7,7 +7,7 @@
 # works on the two it has; the plug says so once; and the two it cannot
 # open are tried again rarely: fewer than 12 refused connections in the
 # server's log over the test's 4 s of quiet, where the reconnect backoff
-# (retry-max-delay=100ms) would knock about 20 times a second.
+# (requeue-max-delay=100ms) would knock about 20 times a second.
 source ./functions.sh
 set -e
 

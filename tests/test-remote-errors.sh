@@ -27,7 +27,7 @@ source "$srcdir/remote-lib.sh"
 srv_start enomem unix --filter=error memory 64M \
           error=ENOMEM error-pwrite-rate=10% error-pread-rate=10%
 srv_start plug1 unix "$PLUGIN" "file=${srv_uri[enomem]}" \
-          statsfile="$tmp/enomem.json"
+          stats-file="$tmp/enomem.json"
 for rw in randwrite write; do
   fio --name=$rw --ioengine=nbd --uri="${srv_uri[plug1]}" \
       --rw=$rw --bs=4k --iodepth=16 --size=16M \

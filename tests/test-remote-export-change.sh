@@ -6,7 +6,7 @@
 # relied on at start is refused like one of another size, with a log
 # line naming what changed: read-only, no multi-conn (4 connections in
 # use), no zero, no cache, a larger minimum or smaller maximum block
-# size.  While it is refused a read fails with EIO after retry-timeout=
+# size.  While it is refused a read fails with EIO after requeue-timeout=
 # and does not reach it (its --filter=log log).  Once the server is back
 # as it was, the plug uses it again.
 source ./functions.sh
@@ -26,7 +26,7 @@ truncate -s 8M "$tmp/disk.img"
 
 srv_start r unix file "$tmp/disk.img"
 # -v: "reconnected" is a debug message.
-srv_start plug unix -v "$PLUGIN" "file=${srv_uri[r]}" retry-timeout=1s \
+srv_start plug unix -v "$PLUGIN" "file=${srv_uri[r]}" requeue-timeout=1s \
           remote-connections=4
 nbdsh_sys -u "${srv_uri[plug]}" -c 'h.pwrite(b"A" * 4096, 0); h.flush()'
 srv_kill r

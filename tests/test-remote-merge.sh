@@ -48,7 +48,7 @@ run ()
   srv_start "r-$how" "$how" --filter=log memory 16M \
             logfile="$tmp/$how.log.txt"
   srv_start "plug-$how" unix "$PLUGIN" "file=${srv_uri[r-$how]}" \
-            statsfile="$tmp/$how.json"
+            stats-file="$tmp/$how.json"
   fio --name=seq --ioengine=nbd --uri="${srv_uri[plug-$how]}" \
       --rw=write --bs=4k --iodepth=16 --size=$size \
       --verify=crc32c --verify_state_save=0 --output-format=terse > "$tmp/$how.fio"

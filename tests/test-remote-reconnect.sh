@@ -11,7 +11,7 @@
 #    is written by the next FLUSH; a read during the outage waits for the
 #    reconnect and sees the right data.
 # Over a unix socket and over TCP 127.0.0.1 (the same port again).
-#  - An outage longer than retry-timeout=1s: a FLUSH of writes held in
+#  - An outage longer than requeue-timeout=1s: a FLUSH of writes held in
 #    writeback mode and a read both fail with EIO, and a hold-mode write
 #    too; the plug stays up, and once the server is back the same
 #    requests succeed.
@@ -113,7 +113,7 @@ open(sys.argv[1], "wb").write(b"A" * (4 << 20))' "$d/disk.img"
   srv_start "$how-r" "$how" --filter=log --filter=delay file "$d/disk.img" \
             delay-write=2 logfile="$d/r1.txt"
   srv_start "$how-plug" unix "$PLUGIN" "file=${srv_uri[$how-r]}" \
-            idle=10s max-delay=60s direct=never statsfile="$d/stats.json"
+            idle=10s max-delay=60s direct=never stats-file="$d/stats.json"
   /usr/bin/python3 "$tmp/client.py" "${srv_uri[$how-plug]}" "$d" &
   cpid=$!
   cleanup_fn kill_quiet $cpid
@@ -163,7 +163,7 @@ requires jq --version
 run unix
 run tcp
 
-# ---- an outage longer than retry-timeout ----
+# ---- an outage longer than requeue-timeout ----
 cat > "$tmp/timeout.py" <<'EOF2'
 import errno, nbd, os, sys, time
 wb_uri, hold_uri, tmp = sys.argv[1:4]
@@ -209,9 +209,9 @@ EOF2
 truncate -s 1M "$tmp/t.img"
 srv_start t-r unix file "$tmp/t.img"
 # -v: the plugs log "reconnected" (debug), which the test waits for.
-srv_start t-wb unix -v "$PLUGIN" "file=${srv_uri[t-r]}" retry-timeout=1s \
+srv_start t-wb unix -v "$PLUGIN" "file=${srv_uri[t-r]}" requeue-timeout=1s \
           idle=10s max-delay=60s direct=never
-srv_start t-hold unix -v "$PLUGIN" "file=${srv_uri[t-r]}" retry-timeout=1s \
+srv_start t-hold unix -v "$PLUGIN" "file=${srv_uri[t-r]}" requeue-timeout=1s \
           mode=hold
 /usr/bin/python3 "$tmp/timeout.py" "${srv_uri[t-wb]}" "${srv_uri[t-hold]}" \
                  "$tmp" &
@@ -256,7 +256,7 @@ assert len(conns) == N and len(set(conns)) == 4, "reads not on 4 connections"
 open(os.path.join(tmp, "d-inflight"), "w").close()
 while not os.path.exists(os.path.join(tmp, "d-back")):
     time.sleep(0.05)
-# Generous: answered within retry-timeout (10 s) whatever happens.
+# Generous: answered within requeue-timeout (10 s) whatever happens.
 deadline = time.monotonic() + 60
 for c in cookies:
     while not h.aio_command_completed(c):

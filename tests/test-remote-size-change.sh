@@ -6,8 +6,8 @@
 # used, and that is treated as lasting: over 3 s the plug logs fewer
 # than 10 lines about it and connects to the server fewer than 10
 # times (its --filter=log log), with remote-connections=4 and the
-# default retry-max-delay=100ms that would allow ~40 attempts a second.
-# A read waiting for it fails with EIO after retry-timeout=; once the
+# default requeue-max-delay=100ms that would allow ~40 attempts a second.
+# A read waiting for it fails with EIO after requeue-timeout=; once the
 # server is back with the right size the plug uses it again, and a
 # write acknowledged meanwhile is written by the next FLUSH.
 source ./functions.sh
@@ -24,7 +24,7 @@ truncate -s 8M "$tmp/big.img"
 
 srv_start r unix file "$tmp/disk.img"
 # -v: "reconnected" is a debug message.
-srv_start plug unix -v "$PLUGIN" "file=${srv_uri[r]}" retry-timeout=1s \
+srv_start plug unix -v "$PLUGIN" "file=${srv_uri[r]}" requeue-timeout=1s \
           remote-connections=4 idle=10s max-delay=60s direct=never
 nbdsh_sys -u "${srv_uri[plug]}" -c 'h.pwrite(b"A" * 4096, 0); h.flush()'
 
@@ -40,8 +40,8 @@ grep 'came back with' "$tmp/plug.log" | head -3
 grep -q 'came back with an export that differs (size 8388608, not 4194304)' \
      "$tmp/plug.log" || fail "no log line naming the size"
 
-# Still refused: a write is held and, once retry-timeout= passed, the
-# FLUSH reports its failure; a read fails after retry-timeout= too.
+# Still refused: a write is held and, once requeue-timeout= passed, the
+# FLUSH reports its failure; a read fails after requeue-timeout= too.
 nbdsh_sys -u "${srv_uri[plug]}" -c '
 import errno
 h.pwrite(b"B" * 4096, 4096)

@@ -114,7 +114,7 @@ run ()
   local name=$1 direct=$2
   shift 2
   srv_start "$name" unix "$PLUGIN" "file=${srv_uri[R]}" \
-            statsfile="$tmp/$name.json" "$@"
+            stats-file="$tmp/$name.json" "$@"
   /usr/bin/python3 "$tmp/client.py" "${srv_uri[$name]}" "$name" \
                    "$tmp/R.txt" "$tmp"
   srv_stop "$name"

@@ -4,11 +4,11 @@
 
 # The retry clock measures one stretch of "not now" (man page, "Errors
 # and retries": "once the file has nothing queued or in flight, a later
-# "not now" starts a retry-timeout of its own").  A stretch may end with
+# "not now" starts a requeue-timeout of its own").  A stretch may end with
 # a real error instead of a success or a give-up: the next stretch must
-# still get its own retry-timeout.
+# still get its own requeue-timeout.
 #   -D plug.inject_eagain=2 (every 2nd backend write is refused with
-#   EAGAIN), retry-timeout=1s, direct=never; writes to [0, 64 KiB) fail
+#   EAGAIN), requeue-timeout=1s, direct=never; writes to [0, 64 KiB) fail
 #   with EIO (shim-pwritev, no control file: always).
 #   1. W0, 4 KiB at 1 MiB: backend call 1, written.
 #   2. W1, 4 KiB at 0: call 2 refused (the clock starts), call 3 fails
@@ -18,7 +18,7 @@
 #      W2 must succeed (hold: its answer; writeback: a FLUSH after it).
 # Shown able to fail: with the clock reset only by a success or a
 # give-up, W2 is given up at its first EAGAIN ("giving up after
-# retry-timeout"), the clock still running from step 2.
+# requeue-timeout"), the clock still running from step 2.
 source ./functions.sh
 set -e
 set -x
@@ -55,7 +55,7 @@ for mode in hold writeback; do
   truncate -s 4M "$img"
   SERVER_WRAP="env LD_PRELOAD=$SHIM_PWRITEV SHIM_PATH=$img SHIM_ERRNO=5 SHIM_FAIL_LO=0 SHIM_FAIL_HI=65536" \
     start_plug $mode -D plug.inject_eagain=2 -- file="$img" mode=$mode \
-      direct=never idle=10ms retry-timeout=1s
+      direct=never idle=10ms requeue-timeout=1s
   run_client $mode 60 "$tmp/client.py" $mode
   end_client $mode
 done

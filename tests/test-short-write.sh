@@ -94,7 +94,7 @@ for mode in writeback hold; do
   truncate -s $size "$img"
   rm -f "$tmp/shim-count"
   SERVER_WRAP="env LD_PRELOAD=$SHIM_PWRITEV SHIM_PATH=$img SHIM_SHORT=1531 SHIM_COUNT=$tmp/shim-count" \
-    start_plug $mode file="$img" mode=$mode statsfile="$tmp/$mode.json" \
+    start_plug $mode file="$img" mode=$mode stats-file="$tmp/$mode.json" \
                "${params[@]}"
   timeout 120 /usr/bin/python3 "$tmp/client.py" "$(server_uri $mode)" 7 \
           "$tmp/$mode.ref"

@@ -134,5 +134,5 @@ for mode in writeback hold; do
   # direct=never: the requests must wait in the plug (with the default,
   # a request that cannot merge would be written at once instead).
   run $mode "$PLUGIN" file="$tmp/$mode/img" mode=$mode \
-      idle=10s max-delay=60s direct=never statsfile="$tmp/$mode/stats.json"
+      idle=10s max-delay=60s direct=never stats-file="$tmp/$mode/stats.json"
 done

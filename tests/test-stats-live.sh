@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Copyright the nbdplug authors (see LICENSE).
 
-# Live statistics: with one connection kept open, statsfile= is
+# Live statistics: with one connection kept open, stats-file= is
 # rewritten every stats-interval= (not only at close and exit), and its
 # counters rise as that connection writes.  Reports are waited for by
 # polling the file for the figure expected (no duration is asserted;
@@ -76,7 +76,7 @@ plugtest.verdict(bad, "live statistics rose while the connection stayed "
 EOF2
 
 truncate -s 1M "$tmp/disk.img"
-start_plug live file="$tmp/disk.img" statsfile="$tmp/stats.json" \
+start_plug live file="$tmp/disk.img" stats-file="$tmp/stats.json" \
            stats-interval=50ms idle=10s max-delay=60s direct=never
 run_client live 300 "$tmp/client.py" "$tmp/stats.json"
 end_client live

@@ -38,7 +38,7 @@ plug_tmpdir
 # ---- bounded work per request ----
 truncate -s 2G "$tmp/big0" "$tmp/big1"
 start_plug big -- stripe=4k "$tmp/big0" "$tmp/big1" idle=10s max-delay=60s \
-           statsfile="$tmp/big.json"
+           stats-file="$tmp/big.json"
 pid=$(server_pid big)
 hwm_start=$(awk '/^VmHWM:/ { print $2 }' /proc/$pid/status)
 

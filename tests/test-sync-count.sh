@@ -181,7 +181,7 @@ for mode in writeback hold; do
   truncate -s 1M "$img"
   mkdir "$tmp/st-$mode"
   SERVER_WRAP="strace -ff -qq -ttt -T -y -s 0 -o $tmp/st-$mode/t -e trace=$calls" \
-    start_plug $mode file="$img" mode=$mode statsfile="$tmp/$mode.json" \
+    start_plug $mode file="$img" mode=$mode stats-file="$tmp/$mode.json" \
                "${params[@]}"
   timeout 60 /usr/bin/python3 "$tmp/client.py" "$(server_uri $mode)" \
           "$tmp/$mode.json" "$tmp/$mode.events"

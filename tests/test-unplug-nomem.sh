@@ -10,7 +10,7 @@
 # (the 1st unplug, which works) and B (the 2nd, which fails).  C's write
 # must be refused (ENOMEM) before it is acknowledged: taken in beside
 # B's older data, it could be written first.  A's unplugged run must be
-# written all the same, B's plug goes out at retry-delay, both FLUSHes
+# written all the same, B's plug goes out at requeue-delay, both FLUSHes
 # are answered, C's second try is taken, and after the server's exit
 # (status 0) the file holds C's data.
 #

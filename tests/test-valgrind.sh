@@ -50,7 +50,7 @@ for args in "mode=writeback" "mode=hold" "mode=writeback stripe=64k"; do
   # shellcheck disable=SC2086
   SERVER_WRAP="$vg --log-file=$tmp/vg.%p.log" \
     start_plug $name -D plug.inject_eagain=5 -- \
-               "$tmp/a" "$tmp/b" $args statsfile="$tmp/stats.json"
+               "$tmp/a" "$tmp/b" $args stats-file="$tmp/stats.json"
   timeout 300 "$MODEL" --uri "$(server_uri $name)" --connections 2 --qd 16 \
           --ops 300 --seed 7 --verify-all
   SERVER_STOP_TIMEOUT=120 stop_server $name

@@ -39,7 +39,7 @@ for mode in $modes; do
   truncate -s 24M "$tmp/$mode-a.img"
   truncate -s 40M "$tmp/$mode-b.img"
   serve "$tmp/$mode.sock" "file=$tmp/$mode-a.img" "file=$tmp/$mode-b.img" \
-    "mode=$mode" "statsfile=$tmp/stats-$mode.json"
+    "mode=$mode" "stats-file=$tmp/stats-$mode.json"
   pids+=("$SERVE_PID")
   drives+=(-drive "file=nbd+unix:///?socket=$tmp/$mode.sock,format=raw,if=virtio")
 done

@@ -172,7 +172,7 @@ test_close_slot_contention (void)
   ok (!cl->res.answered, "B's close waits for a slot, nothing dropped");
   complete (0, 0);                      /* Progress: A's run. */
   ok (nr_inflight == 1, "B's first run gets the slot when A's completes");
-  tick (900 * MS);                      /* Past retry-timeout since the
+  tick (900 * MS);                      /* Past requeue-timeout since the
                                          * close, but the backend moves. */
   complete (0, 0);
   ok (nr_inflight == 1, "B's second run is still there, and issued");
@@ -201,7 +201,7 @@ test_close_stuck_backend (void)
   submit (a, mkreq (ENG_FLUSH, 0, 0, 0, 0));
   submit (b, mkreq (ENG_WRITE, 0, 2 << 20, 65536, 0));
   cl = submit (b, mkreq (ENG_CLOSE, 0, 0, 0, 0));
-  tick (1100 * MS);                     /* No completion for retry-timeout. */
+  tick (1100 * MS);                     /* No completion for requeue-timeout. */
   tick (100000 * MS);
   engine_counts (e, &n);
   ok (!cl->res.answered && n.lost == 0 && n.queued == 1,
@@ -246,10 +246,10 @@ test_eagain_at_close (void)
   free_all ();
 }
 
-/* retry-timeout= is the file's: a run gives up when its file has said
+/* requeue-timeout= is the file's: a run gives up when its file has said
  * "not now" for that long, since its last success, whoever it said it
  * to.  Hold mode, max-inflight=2: B gets EAGAIN while A is in flight
- * (the queue waits for a completion); past retry-timeout A gets EAGAIN
+ * (the queue waits for a completion); past requeue-timeout A gets EAGAIN
  * too and gives up, and B, with nothing left in flight to restart its
  * queue, must be issued at once and give up at its next refusal.
  */
@@ -268,7 +268,7 @@ test_give_up_restarts_stalled (void)
   now += 2000 * MS;
   complete_at (0, 0, EAGAIN);
   ok (a->res.answered && a->res.err == EIO && nr_inflight == 1,
-      "past retry-timeout A gives up (%s), and B is issued again at once",
+      "past requeue-timeout A gives up (%s), and B is issued again at once",
       strerror (a->res.err));
   complete_all (EAGAIN);
   ok (b->res.answered && b->res.err == EIO,
@@ -283,8 +283,8 @@ test_give_up_restarts_stalled (void)
 }
 
 /* A backend that refuses everything, one slot: N FUA writes are all
- * answered (with EIO) about retry-timeout after the first refusal, not
- * N times retry-timeout, as they were when each run had its own clock.
+ * answered (with EIO) about requeue-timeout after the first refusal, not
+ * N times requeue-timeout, as they were when each run had its own clock.
  */
 static void
 test_give_up_many_queued (void)
@@ -309,7 +309,7 @@ test_give_up_many_queued (void)
   }
   ok (answered == N, "all %u writes are refused with EIO", (unsigned) N);
   ok (now - start <= 2000 * MS, "within %" PRIu64 " ms of the first "
-      "refusal (retry-timeout 1000 ms; at most 2000)",
+      "refusal (requeue-timeout 1000 ms; at most 2000)",
       (uint64_t) ((now - start) / MS));
   close_conn (c, 0);
   engine_free (e);
@@ -349,7 +349,7 @@ test_deadlines_announced (void)
   struct req *w, *x;
   unsigned before = deadline_misses;
 
-  /* The exit's deadline (retry-timeout, 1 s) with a plug's idle= (10 s)
+  /* The exit's deadline (requeue-timeout, 1 s) with a plug's idle= (10 s)
    * armed and a run in flight that never completes.
    */
   e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
@@ -367,7 +367,7 @@ test_deadlines_announced (void)
   free_all ();
 
   /* A close behind a file that refuses everything: the run is given
-   * up once the file said "not now" for retry-timeout, the close is
+   * up once the file said "not now" for requeue-timeout, the close is
    * answered, and no timer is left behind.
    */
   {
@@ -380,7 +380,7 @@ test_deadlines_announced (void)
     a = conn ();
     submit (a, mkreq (ENG_WRITE, 0, 0, 4096, ENG_F_FUA));
     t0 = now;
-    close_at = t0 + 1000 * MS;          /* retry-timeout of the close. */
+    close_at = t0 + 1000 * MS;          /* requeue-timeout of the close. */
     cl = submit (a, mkreq (ENG_CLOSE, 0, 0, 0, 0));
     tick (50 * MS);
     /* Refused again and again: the delays grow to 100 ms. */
@@ -395,7 +395,7 @@ test_deadlines_announced (void)
     }
     ok (cl->res.answered && now >= close_at && nr_inflight == 0 &&
         engine_next_deadline (e) == UINT64_MAX,
-        "refused for retry-timeout, the run is given up and the close "
+        "refused for requeue-timeout, the run is given up and the close "
         "answered; no timer is left");
     engine_conn_free (e, a);
     c = conn ();
@@ -1184,11 +1184,11 @@ test_close_waits_for_slot (void)
   cl = submit (c, mkreq (ENG_CLOSE, 0, 0, 0, 0));
   ok (nr_inflight == 1 && inflight[0]->run->offset == 0,
       "the close unplugs two runs: the first takes the only slot");
-  tick (1100 * MS);                     /* No completion for retry-timeout. */
+  tick (1100 * MS);                     /* No completion for requeue-timeout. */
   engine_counts (e, &n);
   if (!ok (!w[1]->res.released && n.lost == 0 && stats.gave_up == 0 &&
            !cl->res.answered && n.inflight == 1 && n.unfinished == 2,
-           "past retry-timeout of a slow run in flight, the run queued "
+           "past requeue-timeout of a slow run in flight, the run queued "
            "for its slot is kept: it was never refused"))
     return;
   complete (0, 0);
@@ -1772,7 +1772,7 @@ test_fua_error_not_recorded (void)
 
 /* The "not now" clock measures one stretch of refusals: after a run was
  * given up and the file had nothing left, a later refusal starts a
- * retry-timeout of its own.
+ * requeue-timeout of its own.
  */
 static void
 test_retry_clock_restarts (void)
@@ -1797,7 +1797,7 @@ test_retry_clock_restarts (void)
   }
   engine_counts (e, &n);
   ok (f->res.answered && f->res.err == EIO && n.lost == 1,
-      "refused for retry-timeout: the write is given up");
+      "refused for requeue-timeout: the write is given up");
   tick (3000 * MS);
   submit (c, mkreq (ENG_WRITE, 0, 1 << 20, 4096, 0));
   f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));

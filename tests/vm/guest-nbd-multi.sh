@@ -31,7 +31,7 @@ say "guest has $ncpu CPUs"
 # statistics) goes to a file, not to the console.
 rm -f $sock
 nbdkit -f -v -D plug.stats=1 -D nbdkit.backend.datapath=0 $TEST_NBDKIT_OPTS \
-  -U $sock "$PLUGIN" $(plug_args file=$a file=$b statsfile=/tmp/stats.json) \
+  -U $sock "$PLUGIN" $(plug_args file=$a file=$b stats-file=/tmp/stats.json) \
   2> /tmp/nbdkit.log &
 NBDKIT_PID=$!
 i=0
@@ -47,7 +47,7 @@ say "nbdkit (pid $NBDKIT_PID) serving: ${PLUGIN##*/} $(plug_args file=$a file=$b
 # connections: all of them closed, their data written.
 wait_closed ()
 {
-  [ "$PLUGIN_KIND" = plug ] || return 0     # No statsfile= (negative controls).
+  [ "$PLUGIN_KIND" = plug ] || return 0     # No stats-file= (negative controls).
   i=0
   while :; do
     n=$(sed -n 's/.*"connections": *\([0-9]*\).*/\1/p' /tmp/stats.json 2>/dev/null)

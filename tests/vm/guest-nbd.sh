@@ -23,7 +23,7 @@ for mode in $MODES; do
   # 64-128 KiB requests merge too (on local files they are written
   # directly by default, which the host's merge check would not see).
   start_plug /tmp/$mode.sock file=$a file=$b mode=$mode direct-size=1M \
-    statsfile=/tmp/stats-$mode.json || fail "$mode: nbdkit did not start"
+    stats-file=/tmp/stats-$mode.json || fail "$mode: nbdkit did not start"
 
   nbd_connect /tmp/$mode.sock $dev1 || fail "$mode: nbd-client"
   sectors=$(cat /sys/block/${dev1#/dev/}/size)

@@ -6,7 +6,7 @@
 # ./functions.sh.  Bash.
 #
 # The tests speak the plug plugin's parameters (file=A file=B stripe= mode=
-# statsfile= ...).  For negative controls (proving a test can fail), PLUGIN
+# stats-file= ...).  For negative controls (proving a test can fail), PLUGIN
 # may instead name a stock nbdkit plugin that does not keep data: "null"
 # (discards writes) or "memory" (keeps them only in RAM, so nothing reaches
 # the backing files).  Their parameters are translated to
