@@ -124,7 +124,8 @@ declare -A value=(
   [max-inflight]=64 [io-threads]=2 [remote-connections]=4
   [remote-queue-depth]=64 [direct]=auto [direct-size]=64k
   [requeue-delay]=3ms [requeue-max-delay]=100ms [requeue-timeout]=10s
-  [lock]=yes [stats-file]="$tmp/probe.json"
+  [lock]=yes [stats-file]="$tmp/probe.json" [stats-interval]=2s
+  [connect-timeout]=10s [connect-retry]=0
 )
 args=()
 for k in "${plug_keys[@]}"; do
