@@ -753,11 +753,14 @@ record_check_op (const struct engine *e, const struct eng_op *op)
   return 0;
 }
 
-/* A mutation whose client waited (FUA) is answered with an error: its
- * data was not acknowledged, so no FLUSH answers for it (NBD: a FLUSH
- * covers writes "for which a reply has already been sent" with
- * success).  Its own spans, recorded when a sync failed after it was
- * written, leave the record; what older writes lost there stays.
+/* A mutation whose client waited (FUA, hold mode, the direct path) is
+ * answered with an error: its data was not acknowledged, so no FLUSH
+ * answers for it (NBD: a FLUSH covers writes "for which a reply has
+ * already been sent" with success).  Its own spans, recorded when a
+ * sync failed after it (or a piece of it) was written, leave the
+ * record; what older writes lost there stays.  Called with every such
+ * answer: from its sync (sync_answer), or when its last piece finished
+ * and one had failed (op_finish).
  */
 static void
 record_forget_op (struct engine *e, const struct eng_op *op)
@@ -1025,8 +1028,14 @@ op_finish (struct engine *e, struct eng_op *op, uint64_t now,
         o->last_err = op->err;
     }
   }
-  else if (op->err)
+  else if (op->err) {
+    /* Answered with the error below, so never acknowledged: a failed
+     * sync may have recorded its pieces written before the one that
+     * failed, and no FLUSH answers for them (record_forget_op).
+     */
     c->last_err = op->err;
+    record_forget_op (e, op);
+  }
   if ((op->flags & ENG_F_FUA) && op->reply_pending && op->err == 0) {
     /* NBD: FUA "MUST NOT send its reply ... until ... persisted". */
     wait_sync (e, op, now, out);
