@@ -24,7 +24,7 @@
  *    since the last successful sync of its file when a sync fails
  *    (syncs fail too, at the seed's rate), unless its mutation was
  *    answered with an error (a client that waited was never told it
- *    was written); a FUA mutation fails iff its
+ *    was written), before that sync or after; a FUA mutation fails iff its
  *    run failed or such a loss lies in its range.  Past the engine's
  *    cap (eng_counts.widened) it may over-report, never under;
  *  - in the end, once every run completed: each sector holds the newest
@@ -274,13 +274,9 @@ heal (uint32_t b, uint64_t sector, uint64_t seq)
       i++;
 }
 
-/* A mutation answered with an error: its own losses go (it was never
- * acknowledged).
- */
 static void
-forget (uint32_t b, uint64_t sector, uint64_t seq)
+seq_remove (struct seq_set *l, uint64_t seq)
 {
-  struct seq_set *l = &lost[b][sector];
   unsigned i = 0;
 
   while (i < l->n)
@@ -288,6 +284,19 @@ forget (uint32_t b, uint64_t sector, uint64_t seq)
       l->seq[i] = l->seq[--l->n];
     else
       i++;
+}
+
+/* A mutation answered with an error: its own losses go (it was never
+ * acknowledged), and so do its pieces written, which a failing sync
+ * then does not lose and a FLUSH need not wait a sync for.  (Those
+ * written over a loss still heal it: the disk holds them there.)
+ */
+static void
+forget (uint32_t b, uint64_t sector, uint64_t seq)
+{
+  seq_remove (&lost[b][sector], seq);
+  seq_remove (&wr_cur[b][sector], seq);
+  seq_remove (&wr_prev[b][sector], seq);
 }
 
 static bool

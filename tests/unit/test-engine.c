@@ -1847,6 +1847,57 @@ test_failed_piece_forgets_synced_loss (void)
   }
 }
 
+/* The same write's piece written while a sync is in flight, the write
+ * answered with an error, then that sync fails: the piece was never
+ * acknowledged, so the failed sync does not record it either.
+ */
+static void
+test_failed_write_not_recorded_by_later_sync (void)
+{
+  static const struct {
+    enum eng_mode mode;
+    uint32_t flags;
+    const char *what;
+  } cases[] = {
+    { ENG_WRITEBACK, ENG_F_FUA, "writeback, FUA" },
+    { ENG_HOLD, 0, "hold" },
+  };
+  size_t i;
+
+  for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+    struct eng_conn *c;
+    struct req *q, *f;
+
+    e = make (cases[i].mode, 64, 4 << 20, 2);
+    hold_syncs = true;
+    c = conn ();
+    f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+    q = submit (c, mkreq_across (ENG_WRITE, 4096, cases[i].flags));
+    if (cases[i].mode == ENG_HOLD)
+      tick (10001 * MS);                /* idle= unplugs it. */
+    complete_at (0, 65536, 0);
+    complete_at (1, 0, EIO);
+    ok (q->res.answered && q->res.err == EIO && nr_syncs_inflight == 2,
+        "%s: a write answered EIO, one piece written during a sync",
+        cases[i].what);
+    complete_sync_of (0, EIO);
+    complete_sync_of (1, 0);
+    ok (f->res.answered && f->res.err == 0,
+        "%s: that sync fails, the FLUSH before the write succeeds",
+        cases[i].what);
+    f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+    while (!f->res.answered && nr_syncs_inflight > 0)
+      complete_sync (0, 0);
+    ok (f->res.answered && f->res.err == 0,
+        "%s: so does a FLUSH after the write: nothing acknowledged was "
+        "lost (%s)", cases[i].what, strerror (f->res.err));
+    hold_syncs = false;
+    close_conn (c, 0);
+    engine_free (e);
+    free_all ();
+  }
+}
+
 /* The "not now" clock measures one stretch of refusals: after a run was
  * given up and the file had nothing left, a later refusal starts a
  * retry-timeout of its own.
@@ -2035,6 +2086,7 @@ main (void)
   test_heal_after_sync ();
   test_fua_error_not_recorded ();
   test_failed_piece_forgets_synced_loss ();
+  test_failed_write_not_recorded_by_later_sync ();
   test_retry_clock_restarts ();
   test_lost_rewrite_heals_nothing ();
   test_heal_among_many_writes ();
