@@ -763,28 +763,46 @@ record_check_op (const struct engine *e, const struct eng_op *op)
   return 0;
 }
 
-/* A mutation whose client waited (FUA) is answered with an error: its
- * data was not acknowledged, so no FLUSH answers for it (NBD: a FLUSH
- * covers writes "for which a reply has already been sent" with
- * success).  Its own spans, recorded when a sync failed after it was
- * written, leave the record; what older writes lost there stays.
+/* Take the exact spans of mutation seq out of v; returns how many. */
+static size_t
+span_forget (span_vector *v, uint64_t seq)
+{
+  size_t k, n = 0;
+
+  for (k = 0; k < v->len; )
+    if (v->ptr[k].extent == SPAN_EXACT && v->ptr[k].seq_lo == seq &&
+        v->ptr[k].seq_hi == seq) {
+      v->ptr[k] = v->ptr[--v->len];
+      n++;
+    }
+    else
+      k++;
+  return n;
+}
+
+/* A mutation whose client waited (FUA, hold mode, the direct path) is
+ * answered with an error: its data was not acknowledged, so no FLUSH
+ * answers for it (NBD: a FLUSH covers writes "for which a reply has
+ * already been sent" with success).  Its own spans, recorded when a
+ * sync failed after it (or a piece of it) was written, leave the
+ * record; what older writes lost there stays.  Its pieces written
+ * leave the written sets too, so that a sync failing later does not
+ * record them (the rewrites among them still heal: the disk holds them
+ * over what they overwrote).  Called with every such answer: from its
+ * sync (sync_answer), or when its last piece finished and one had
+ * failed (op_finish).
  */
 static void
 record_forget_op (struct engine *e, const struct eng_op *op)
 {
-  size_t i, k;
+  size_t i;
 
   for (i = 0; i < op->nr_pieces; ++i) {
-    span_vector *v = &e->files[op->pieces[i].backing].lost;
+    struct eng_file *f = &e->files[op->pieces[i].backing];
 
-    for (k = 0; k < v->len; )
-      if (v->ptr[k].extent == SPAN_EXACT && v->ptr[k].seq_lo == op->seq &&
-          v->ptr[k].seq_hi == op->seq) {
-        v->ptr[k] = v->ptr[--v->len];
-        e->nr_lost_spans--;
-      }
-      else
-        k++;
+    e->nr_lost_spans -= span_forget (&f->lost, op->seq);
+    span_forget (&f->written, op->seq);
+    span_forget (&f->syncing, op->seq);
   }
 }
 
@@ -1035,8 +1053,14 @@ op_finish (struct engine *e, struct eng_op *op, uint64_t now,
         o->last_err = op->err;
     }
   }
-  else if (op->err)
+  else if (op->err) {
+    /* Answered with the error below, so never acknowledged: a failed
+     * sync may have recorded its pieces written before the one that
+     * failed, and no FLUSH answers for them (record_forget_op).
+     */
     c->last_err = op->err;
+    record_forget_op (e, op);
+  }
   if ((op->flags & ENG_F_FUA) && op->reply_pending && op->err == 0) {
     /* NBD: FUA "MUST NOT send its reply ... until ... persisted". */
     wait_sync (e, op, now, out);

@@ -55,7 +55,9 @@
  *    connection, opened before or after, whose horizon reaches an entry
  *    fails with its errno; an entry leaves the record only when a newer
  *    mutation over its range succeeded and a sync covered it.  A
- *    mutation answered with an error (FUA) is not in it.  NBD: a successful FLUSH means
+ *    mutation answered with an error (FUA, hold mode, the direct path)
+ *    is not in it, not even its pieces a failed sync covered, before
+ *    its last piece failed or after.  NBD: a successful FLUSH means
  *    every write answered before it is on stable storage.
  *  - SYNCS BELONG TO THE ENGINE.  A FLUSH (and a FUA mutation, and the
  *    exit) is answered only after a sync of every file written since

@@ -22,7 +22,9 @@
  *    model knows of and no newer write over it succeeded since: an
  *    acknowledged piece whose run failed for good, or a piece written
  *    since the last successful sync of its file when a sync fails
- *    (syncs fail too, at the seed's rate); a FUA mutation fails iff its
+ *    (syncs fail too, at the seed's rate), unless its mutation was
+ *    answered with an error (a client that waited was never told it
+ *    was written), before that sync or after; a FUA mutation fails iff its
  *    run failed or such a loss lies in its range.  Past the engine's
  *    cap (eng_counts.widened) it may over-report, never under;
  *  - in the end, once every run completed: each sector holds the newest
@@ -272,13 +274,9 @@ heal (uint32_t b, uint64_t sector, uint64_t seq)
       i++;
 }
 
-/* A FUA mutation answered with an error: its own losses go (it was
- * never acknowledged).
- */
 static void
-forget (uint32_t b, uint64_t sector, uint64_t seq)
+seq_remove (struct seq_set *l, uint64_t seq)
 {
-  struct seq_set *l = &lost[b][sector];
   unsigned i = 0;
 
   while (i < l->n)
@@ -286,6 +284,19 @@ forget (uint32_t b, uint64_t sector, uint64_t seq)
       l->seq[i] = l->seq[--l->n];
     else
       i++;
+}
+
+/* A mutation answered with an error: its own losses go (it was never
+ * acknowledged), and so do its pieces written, which a failing sync
+ * then does not lose and a FLUSH need not wait a sync for.  (Those
+ * written over a loss still heal it: the disk holds them there.)
+ */
+static void
+forget (uint32_t b, uint64_t sector, uint64_t seq)
+{
+  seq_remove (&lost[b][sector], seq);
+  seq_remove (&wr_cur[b][sector], seq);
+  seq_remove (&wr_prev[b][sector], seq);
 }
 
 static bool
@@ -455,9 +466,11 @@ by_answer (const void *a, const void *b)
   return x < y ? -1 : x > y;
 }
 
-/* A FUA mutation answered with an error was never acknowledged: the
- * engine forgets its own losses then (record_forget_op), and so does
- * the model, before it looks at the answers given after it.
+/* A mutation answered with an error (FUA, or any in hold mode or on
+ * the direct path: its client waited) was never acknowledged: the
+ * engine forgets its own losses then (record_forget_op), those a
+ * failed sync recorded before its last piece failed included, and so
+ * does the model, before it looks at the answers given after it.
  */
 static void
 forget_op (const struct mop *q)
@@ -487,11 +500,13 @@ check_flushes (void)
       continue;
     /* A FUA mutation answered after its sync.  A fast zero's ENOTSUP
      * is its own answer, so a FUA fast zero's answer is not checked;
-     * but one answered with an error forgets its losses all the same.
+     * but one answered with an error forgets its losses all the same,
+     * as does any mutation whose client waited (hold mode, the direct
+     * path) answered with an error.
      */
     if (covers_all (f) ||
-        (is_mutation (f) && (f->op.flags & ENG_F_FUA) &&
-         f->op.seq != 0 && !f->op.told_ok)) {
+        (is_mutation (f) && f->op.seq != 0 && !f->op.told_ok &&
+         ((f->op.flags & ENG_F_FUA) || f->res.err != 0))) {
       f->flush_checked = true;
       due[n++] = f;
     }
@@ -500,7 +515,8 @@ check_flushes (void)
   for (i = 0; i < n; ++i) {
     struct mop *f = due[i];
 
-    if (!(f->op.flags & ENG_F_FAST))
+    if (!(f->op.flags & ENG_F_FAST) &&
+        (covers_all (f) || (f->op.flags & ENG_F_FUA)))
       check_answer (f);
     if (f->op.kind == ENG_SHUTDOWN) {
       for (j = 0; j < nr_ops; ++j)
