@@ -79,7 +79,8 @@ conns_register (struct conn *c)
   nr_conns++;
 }
 
-static void
+/* Returns how many connections are left. */
+static size_t
 conns_unregister (struct conn *c)
 {
   struct conn **pp;
@@ -91,6 +92,7 @@ conns_unregister (struct conn *c)
       nr_conns--;
       break;
     }
+  return nr_conns;
 }
 
 size_t
@@ -407,7 +409,11 @@ conn_close (struct conn *c)
     engine_conn_free (eng, c->ec);
     c->ec = NULL;
   }
-  conns_unregister (c);
+  /* The last connection gone: no worker thread is left to reuse the
+   * cache, and nbdkit has freed its threads' buffers.
+   */
+  if (conns_unregister (c) == 0)
+    request_trim ();
 
   if (plug_debug_stats && (line = stats_line (&c->stats)) != NULL) {
     nbdkit_debug ("connection %" PRIu64 ": %s", c->id, line);
