@@ -164,46 +164,60 @@ known_abort () {
     fail "$name: acknowledged data lost in nbdkit's abort $when"
 }
 
+# Wait (60 s at most) for nbdkit NAME to exit by itself, then reap it.
+wait_exit () {
+  local name=$1 n
+  for ((n = 0; n < 600; ++n)); do
+    server_alive $name || break
+    sleep 0.1
+  done
+  server_alive $name && { stop_server $name; fail "$name: $2"; }
+  reap_exited $name
+}
+
 run_mode () {
-  local mode=$1 threads=$2 name=$1$2 i=1 steady src
+  local mode=$1 threads=$2 name=$1$2 i=1 steady src why
   local img=$tmp/$name.img
   rm -f "$tmp"/go.* "$tmp"/ready.* "$tmp/steady.log"
   truncate -s 64M "$img"
   while [ $i -le $ROUNDS ]; do
     start_plug $name ${threads:+--threads=$threads} -- file="$img" \
                mode=$mode idle=60s max-delay=60s direct=never
+    rm -f "$tmp/ready.$i"
     /usr/bin/python3 "$tmp/steady.py" "$(server_uri $name)" "$tmp" $i $ROUNDS &
     steady=$!
     cleanup_fn kill -KILL $steady
+    why=done
     while [ $i -le $ROUNDS ]; do
       touch "$tmp/go.$i"
       while [ ! -e "$tmp/ready.$i" ] && kill -0 $steady 2>/dev/null; do
         sleep 0.02
       done
-      [ -e "$tmp/ready.$i" ] || break
+      [ -e "$tmp/ready.$i" ] || { why=steady; break; }
+      # Refused or cut in the handshake: the server is dying.
       timeout 60 /usr/bin/python3 "$tmp/rude.py" "$(server_sock $name)" ||
-        server_running $name
+        { why=rude; break; }
       i=$((i + 1))
     done
     src=0
-    wait $steady || src=$?
-    if [ $src -eq 0 ] && [ -n "$threads" ] || ! $racy; then
-      stop_server $name             # Up through every round: exit 0.
-    elif [ $src -eq 0 ]; then
+    case $why in
+      rude) kill -KILL $steady; wait $steady || :; src=1 ;;
+      *) wait $steady || src=$? ;;
+    esac
+    if [ -n "$threads" ] || ! $racy; then
+      # No abort allowed: up through every round, then exit 0.
+      [ $src -eq 0 ] || { server_running $name; fail "$name: round $i: the second client or rude client failed ($why)"; }
+      stop_server $name
+    elif [ $i -gt $ROUNDS ]; then
       # The last rude client may still be closing: nbdkit's race can
       # end it now as well.
-      kill -TERM "$(server_pid $name)"
-      while server_alive $name; do sleep 0.1; done
-      reap_exited $name
+      kill -TERM "$(server_pid $name)" 2>/dev/null || :
+      wait_exit $name "still running 60 s after SIGTERM"
       known_abort $name "$threads" "$img" "at exit"
     else
-      # The second client lost its connection in round i: run round i
-      # again on a new server.
-      server_alive $name && {
-        stop_server $name
-        fail "$name: the second client failed (status $src), the server up"
-      }
-      reap_exited $name
+      # A client lost the server in round i: it is aborting (the rescue
+      # may still be writing out).  Round i again, on a new server.
+      wait_exit $name "round $i: a client failed ($why), the server up"
       known_abort $name "$threads" "$img" "in round $i"
     fi
   done
