@@ -6,9 +6,9 @@
 # 64 writes of 64 KiB and closes its socket without reading a reply,
 # while a second client stays connected.  Before each rude client the
 # second one writes, FLUSHes and reads back (verifies) one slot, then
-# writes another slot and leaves it acknowledged and unflushed (idle=
-# and max-delay= long, direct=never: in writeback mode the plug still holds it while
-# the rude client runs).  Both modes.
+# writes another slot and leaves it acknowledged and unflushed (in
+# writeback mode with idle= and max-delay= long and direct=never, the
+# plug still holds it while the rude client runs).  Both modes.
 #
 # nbdkit 1.32.4 to 1.33.9 abort (raw_send_socket: Assertion 'sock >= 0'
 # failed) when two replies of a closing client race (conn.h,
@@ -177,12 +177,16 @@ wait_exit () {
 
 run_mode () {
   local mode=$1 threads=$2 name=$1$2 i=1 steady src why
-  local img=$tmp/$name.img
+  local img=$tmp/$name.img hold_long=
+  # Writeback: the unflushed write stays in the plug while the rude
+  # client runs.  (Hold mode answers once written: a one-at-a-time
+  # client would wait idle= for each write there.)
+  [ $mode = writeback ] && hold_long="idle=60s max-delay=60s"
   rm -f "$tmp"/go.* "$tmp"/ready.* "$tmp/steady.log"
   truncate -s 64M "$img"
   while [ $i -le $ROUNDS ]; do
     start_plug $name ${threads:+--threads=$threads} -- file="$img" \
-               mode=$mode idle=60s max-delay=60s direct=never
+               mode=$mode direct=never $hold_long
     rm -f "$tmp/ready.$i"
     /usr/bin/python3 "$tmp/steady.py" "$(server_uri $name)" "$tmp" $i $ROUNDS &
     steady=$!
