@@ -234,7 +234,11 @@ plugin_unload (void)
 {
   size_t i;
 
-  /* No worker-thread destructor may run from an unloaded plugin. */
+  /* No worker-thread destructor, and no signal handler, may run from
+   * an unloaded plugin (.cleanup stopped the rescue already, unless
+   * nbdkit skipped it).
+   */
+  rescue_stop ();
   conn_delete_worker_key ();
   conns_fini ();
   request_fini ();
