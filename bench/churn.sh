@@ -13,6 +13,12 @@
 #
 #   bench/churn.sh                 # 300 x 3
 #   CHURN_CLIENTS=32 bench/churn.sh
+#   CHURN_LOAD=nbd-bench bench/churn.sh
+#
+# CHURN_LOAD=nbd-bench: one nbd-bench process per connection instead
+# (write and FLUSH, no read back): a C client per connection keeps 16
+# requests in flight where the Python threads share one interpreter, so
+# it shows the peak under a heavier load.
 #
 # The files live in BENCH_TMPDIR (default /tmp; not a tmpfs, or its
 # pages count as memory): CHURN_CLIENTS * CHURN_MIB MiB each.
@@ -46,6 +52,31 @@ cp "$PLUGIN" "$tmp/plug.so"
 kb () { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
 mb () { echo "$(( ($1 + 512) / 1024 ))"; }
 
+CHURN_LOAD=${CHURN_LOAD:-verify}
+NBD_BENCH=${NBD_BENCH:-$top_builddir/bench/nbd-bench}
+if [ "$CHURN_LOAD" = nbd-bench ] && [ ! -x "$NBD_BENCH" ]; then
+  echo "$0: $NBD_BENCH not built (make -C bench nbd-bench)" >&2
+  exit 1
+fi
+
+# load ROUND: the clients of one round, all at once.
+load () {
+  local c pids=() rc=0
+  if [ "$CHURN_LOAD" != nbd-bench ]; then
+    /usr/bin/python3 "$CLIENT" "nbd+unix:///?socket=$tmp/s.sock" \
+      "$CHURN_CLIENTS" "$CHURN_MIB" "$CHURN_BS" "$1"
+    return
+  fi
+  for ((c = 0; c < CHURN_CLIENTS; ++c)); do
+    "$NBD_BENCH" --uri "nbd+unix:///?socket=$tmp/s.sock" --op write \
+      --bs "$CHURN_BS" --qd 16 --ops $((CHURN_MIB * 1048576 / CHURN_BS)) \
+      --offset $((c * CHURN_MIB))M --size "${CHURN_MIB}M" >/dev/null &
+    pids+=($!)
+  done
+  for c in "${pids[@]}"; do wait "$c" || rc=1; done
+  return $rc
+}
+
 # run NAME NBDKIT-ARGS...: one server, every round; prints one line.
 run () {
   local name=$1 img=$tmp/churn.img line r
@@ -58,9 +89,7 @@ run () {
   while [ ! -s "$tmp/s.pid" ]; do sleep 0.1; done
   line="$name: start $(mb "$(kb $server VmRSS)") MB"
   for ((r = 1; r <= CHURN_ROUNDS; ++r)); do
-    /usr/bin/python3 "$CLIENT" "nbd+unix:///?socket=$tmp/s.sock" \
-      "$CHURN_CLIENTS" "$CHURN_MIB" "$CHURN_BS" "$r" ||
-      { echo "$0: $name: round $r: a client failed" >&2; exit 1; }
+    load "$r" || { echo "$0: $name: round $r: a client failed" >&2; exit 1; }
     sleep "$CHURN_SETTLE"
     line+=", round $r: peak $(mb "$(kb $server VmHWM)") MB,"
     line+=" after $(mb "$(kb $server VmRSS)") MB"
@@ -71,7 +100,7 @@ run () {
   server=
 }
 
-echo "churn: $CHURN_ROUNDS rounds x $CHURN_CLIENTS connections," \
+echo "churn ($CHURN_LOAD): $CHURN_ROUNDS rounds x $CHURN_CLIENTS connections," \
      "$CHURN_MIB MiB each in $CHURN_BS-byte writes, 16 in flight;" \
      "$(nbdkit --version);" \
      "plug $(git -C "$bench_srcdir" describe --always --dirty 2>/dev/null)"
