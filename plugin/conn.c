@@ -79,7 +79,8 @@ conns_register (struct conn *c)
   nr_conns++;
 }
 
-void
+/* Returns how many connections are left. */
+size_t
 conns_unregister (struct conn *c)
 {
   struct conn **pp;
@@ -91,6 +92,7 @@ conns_unregister (struct conn *c)
       nr_conns--;
       break;
     }
+  return nr_conns;
 }
 
 size_t
@@ -274,6 +276,14 @@ worker_exit (void *vc)
       c->workers[i] = c->workers[--c->nr_workers];
       break;
     }
+  /* nbdkit's worker loop ends only when the connection is no longer
+   * active (conn.h, enum conn_phase).
+   */
+  __atomic_store_n (&c->phase, CONN_ENDING, __ATOMIC_RELEASE);
+  if (c->gate == GATE_TAKEN && pthread_equal (c->gate_owner, self)) {
+    c->gate = GATE_OPEN;
+    pthread_cond_signal (&c->gate_cond);
+  }
   if (c->ec)
     engine_conn_set_workers (eng, c->ec, c->nr_workers, now_ns (), &a.eng);
   glue_end_locked (&a);
@@ -333,6 +343,26 @@ note_worker (struct conn *c)
   }
   pthread_setspecific (worker_key, c);
   glue_perform (&a, GLUE_INLINE_ONE);
+}
+
+void
+conn_leave (struct conn *c)
+{
+  pthread_t self = pthread_self ();
+
+  if (__atomic_load_n (&c->phase, __ATOMIC_ACQUIRE) == CONN_SERVING)
+    return;
+  /* The gate opens at this thread's exit: worker_exit must see it.
+   * (With --threads=1 no worker exits before .close, and the phase
+   * stays CONN_SERVING.)
+   */
+  if (pthread_getspecific (worker_key) != c)
+    pthread_setspecific (worker_key, c);
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
+  while (c->gate == GATE_TAKEN)
+    pthread_cond_wait (&c->gate_cond, &eng_lock);
+  c->gate = GATE_TAKEN;
+  c->gate_owner = self;
 }
 
 /* After the engine refused r (engine_submit returned -1, errno set):
@@ -424,6 +454,9 @@ conn_open (void)
     free (c);
     return NULL;
   }
+  c->phase = CONN_SERVING;
+  c->gate = GATE_OPEN;
+  pthread_cond_init (&c->gate_cond, NULL);
   conns_register (c);
   return c;
 }
@@ -459,7 +492,12 @@ conn_close (struct conn *c)
     nbdkit_debug ("connection %" PRIu64 ": %s", c->id, line);
     free (line);
   }
-  stats_publish_close (c);
+  /* The last connection gone: no worker thread is left to reuse the
+   * cache, and nbdkit has freed its threads' buffers.
+   */
+  if (stats_publish_close (c) == 0)
+    request_trim ();
+  pthread_cond_destroy (&c->gate_cond);
   free (c->workers);
   free (c);
 }
@@ -486,21 +524,40 @@ conns_fini (void)
   exit_req = NULL;
 }
 
-void
-conns_shutdown (struct plug_stats *live)
+/* Write out everything every connection acknowledged and sync the
+ * files, with the exit's request: once, whichever of the exit and an
+ * abort's rescue comes first.
+ */
+static void
+write_out_all (const char *why)
 {
-  struct request *r = exit_req;
-  struct conn *c;
+  struct request *r = __atomic_exchange_n (&exit_req, NULL,
+                                           __ATOMIC_ACQ_REL);
 
-  /* .cleanup runs once, after a .get_ready that worked (eng set). */
-  assert (r != NULL);
-  exit_req = NULL;
+  if (r == NULL)
+    return;
   /* The exit's answer is the record's (engine.h, THE RECORD): an
    * error says acknowledged data is lost, as logged when it was.
    */
   if (submit_wait (NULL, r) == -1)
-    nbdkit_error ("server exit: not every acknowledged write is on "
-                  "stable storage (see the losses logged above): %m");
+    nbdkit_error ("%s: not every acknowledged write is on "
+                  "stable storage (see the losses logged above): %m", why);
+}
+
+void
+conns_rescue (void)
+{
+  nbdkit_error ("the server is aborting: writing out every "
+                "connection's acknowledged data first");
+  write_out_all ("abort");
+}
+
+void
+conns_shutdown (struct plug_stats *live)
+{
+  struct conn *c;
+
+  write_out_all ("server exit");
 
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&conns_lock);
   for (c = conns; c != NULL; c = c->reg_next)

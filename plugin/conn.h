@@ -32,6 +32,24 @@
 #include "stats.h"
 
 
+/* What the plug knows of nbdkit's own state of the connection: an
+ * nbdkit worker thread leaves its loop only once the connection is no
+ * longer active (client done, dead, or the server quitting), so the
+ * first worker exit (worker_exit) means nbdkit is ending it.
+ */
+enum conn_phase {
+  CONN_SERVING,
+  CONN_ENDING,
+};
+
+/* Whether a worker of an ending connection is on its way out with an
+ * answer (conn_leave): from our return until its thread exits.
+ */
+enum reply_gate {
+  GATE_OPEN,
+  GATE_TAKEN,
+};
+
 struct conn {
   /* Protected by conns_lock (conn.c): the registry of open connections,
    * whose statistics exit counts.
@@ -54,6 +72,14 @@ struct conn {
   pthread_t *workers;           /* Owned: threads seen serving us. */
   size_t nr_workers, cap_workers;
 
+  /* The reply gate (conn_leave).  phase is also read without the lock
+   * (atomic): it only ever goes from CONN_SERVING to CONN_ENDING.
+   */
+  enum conn_phase phase;
+  enum reply_gate gate;
+  pthread_t gate_owner;         /* The worker that holds the gate. */
+  pthread_cond_t gate_cond;     /* Signalled when the gate opens. */
+
   /* Atomic counters (any thread). */
   struct plug_stats stats;
 };
@@ -74,6 +100,11 @@ extern void conn_close (struct conn *c);
  */
 extern void conns_shutdown (struct plug_stats *live);
 
+/* After an abort (rescue.h), from the rescue thread: conns_shutdown's
+ * write-out, if the exit has not taken its request already.
+ */
+extern void conns_rescue (void);
+
 /* Allocate the exit's request (.get_ready), so that the exit cannot
  * fail for memory; free it if no exit used it (.unload).  conns_init
  * returns 0, or -1 after nbdkit_error.
@@ -83,9 +114,10 @@ extern void conns_fini (void);
 
 /* Remove c from the registry of open connections (conn_close, through
  * stats_publish_close: under stats_lock, so that a report counts it
- * either open or closed, never both or neither).
+ * either open or closed, never both or neither).  Returns how many
+ * connections are left.
  */
-extern void conns_unregister (struct conn *c);
+extern size_t conns_unregister (struct conn *c);
 
 /* The live part of a report: for each open connection (an array of
  * r->nr_conns put in *out, malloc'd) its statistics, also summed into
@@ -119,6 +151,22 @@ extern int conn_trim (struct conn *c, uint32_t count, uint64_t offset,
 extern int conn_flush (struct conn *c);
 extern int conn_pread (struct conn *c, void *buf, uint32_t count,
                        uint64_t offset);
+/* Every data callback calls this last, whatever it answers.  While
+ * the connection serves, it returns at once.  Once nbdkit is ending
+ * it, the workers leave one at a time, each once the previous one's
+ * thread has exited, i.e. nbdkit has sent (or dropped) its reply.
+ *
+ * Why: nbdkit 1.32.4 and 1.32.5 check the connection's status before
+ * taking the socket's write lock, and the thread whose send or read
+ * fails first closes the socket (sockout = -1) under no lock that a
+ * sender holds; a second reply that passed the check then hits
+ * raw_send_socket's assert (sock >= 0) and the server aborts.  Fixed
+ * upstream by commit 9d82aa4f ("server: Don't assert on send if client
+ * hangs up early"), in nbdkit 1.33.10 (stable: 1.34.0).  Answers that
+ * leave one at a time never meet at that socket.
+ */
+extern void conn_leave (struct conn *c);
+
 /* Wait until no mutation acknowledged before this call and overlapping
  * [offset, offset+count) is unfinished, on any connection (before reads
  * and extents).

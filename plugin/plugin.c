@@ -41,6 +41,7 @@
 #include "parse.h"
 #include "plugin.h"
 #include "remote.h"
+#include "rescue.h"
 #include "request.h"
 #include "vector.h"
 
@@ -269,13 +270,16 @@ write_statsfile_locked (const char *written_at,
   replace_statsfile_locked (json);
 }
 
-void
+size_t
 stats_publish_close (struct conn *c)
 {
+  size_t left;
+
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&stats_lock);
-  conns_unregister (c);
+  left = conns_unregister (c);
   stats_merge (&stats_total, &c->stats);
   write_statsfile_locked ("close", &stats_total, OPEN_APART);
+  return left;
 }
 
 void
@@ -302,6 +306,7 @@ plugin_cleanup (void)
 
   if (eng == NULL)
     return;
+  rescue_stop ();
   conns_shutdown (&live);
   iopool_stop ();
   timer_stop ();
@@ -326,7 +331,11 @@ plugin_unload (void)
 {
   size_t i;
 
-  /* No worker-thread destructor may run from an unloaded plugin. */
+  /* No worker-thread destructor, and no signal handler, may run from
+   * an unloaded plugin (.cleanup stopped the rescue already, unless
+   * nbdkit skipped it).
+   */
+  rescue_stop ();
   conn_delete_worker_key ();
   conns_fini ();
   request_fini ();
@@ -901,7 +910,8 @@ plugin_after_fork (void)
 {
   size_t i;
 
-  if (iopool_start (cfg.io_threads) == -1 || timer_start () == -1)
+  if (iopool_start (cfg.io_threads) == -1 || timer_start () == -1 ||
+      rescue_start () == -1)
     return -1;
   for (i = 0; i < nr_backings; ++i)
     if (backings[i].remote && remote_start (backings[i].remote) == -1)
@@ -1077,38 +1087,53 @@ static int
 plugin_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
               uint32_t flags)
 {
-  return conn_pread (handle, buf, count, offset);
+  int r = conn_pread (handle, buf, count, offset);
+
+  conn_leave (handle);
+  return r;
 }
 
 static int
 plugin_pwrite (void *handle, const void *buf, uint32_t count,
                uint64_t offset, uint32_t flags)
 {
-  return conn_pwrite (handle, buf, count, offset, flags & NBDKIT_FLAG_FUA);
+  int r = conn_pwrite (handle, buf, count, offset, flags & NBDKIT_FLAG_FUA);
+
+  conn_leave (handle);
+  return r;
 }
 
 static int
 plugin_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  return conn_zero (handle, count, offset,
-                    flags & NBDKIT_FLAG_MAY_TRIM, flags & NBDKIT_FLAG_FUA,
-                    flags & NBDKIT_FLAG_FAST_ZERO);
+  int r = conn_zero (handle, count, offset,
+                     flags & NBDKIT_FLAG_MAY_TRIM, flags & NBDKIT_FLAG_FUA,
+                     flags & NBDKIT_FLAG_FAST_ZERO);
+
+  conn_leave (handle);
+  return r;
 }
 
 static int
 plugin_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  return conn_trim (handle, count, offset, flags & NBDKIT_FLAG_FUA);
+  int r = conn_trim (handle, count, offset, flags & NBDKIT_FLAG_FUA);
+
+  conn_leave (handle);
+  return r;
 }
 
 static int
 plugin_flush (void *handle, uint32_t flags)
 {
-  return conn_flush (handle);
+  int r = conn_flush (handle);
+
+  conn_leave (handle);
+  return r;
 }
 
 static int
-plugin_extents (void *handle, uint32_t count, uint64_t offset,
+extents_answer (void *handle, uint32_t count, uint64_t offset,
                 uint32_t flags, struct nbdkit_extents *extents)
 {
   struct conn *c = handle;
@@ -1180,7 +1205,7 @@ plugin_extents (void *handle, uint32_t count, uint64_t offset,
 }
 
 static int
-plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+cache_answer (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
   struct conn *c = handle;
   struct layout_iter it;
@@ -1202,6 +1227,25 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
     }
   }
   return 0;
+}
+
+static int
+plugin_extents (void *handle, uint32_t count, uint64_t offset,
+                uint32_t flags, struct nbdkit_extents *extents)
+{
+  int r = extents_answer (handle, count, offset, flags, extents);
+
+  conn_leave (handle);
+  return r;
+}
+
+static int
+plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  int r = cache_answer (handle, count, offset, flags);
+
+  conn_leave (handle);
+  return r;
 }
 
 #define plugin_config_help \

@@ -91,9 +91,9 @@ struct conn;
 
 /* A connection closes: take it out of the registry, add its statistics
  * to the totals and rewrite stats-file= (if any), all under stats_lock.
- * Context: .close.
+ * Context: .close.  Returns how many connections are left.
  */
-extern void stats_publish_close (struct conn *c);
+extern size_t stats_publish_close (struct conn *c);
 
 /* Rewrite stats-file= (if any) with the live figures.  Takes stats_lock,
  * then conns_lock and eng_lock briefly (conns_live).  Context: the

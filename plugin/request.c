@@ -7,6 +7,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -57,7 +58,20 @@ header_size (size_t nr_pieces)
 #define CACHE_SLOTS 1024
 static struct request *cache[REQ_CLASSES][CACHE_SLOTS];
 static size_t cache_len[REQ_CLASSES];
-static size_t cache_bytes;
+
+/* The bytes of every block kept for reuse, in the cache and as
+ * threads' spares together: at most max-bytes= for the whole server.
+ * A spare used or freed leaves it from any thread, without eng_lock,
+ * hence atomic; it grows only under eng_lock (request_recycle_locked).
+ * Not per thread: 300 connections have 4,800 worker threads.
+ */
+static size_t kept_bytes;
+
+static void
+kept_sub (size_t n)
+{
+  __atomic_sub_fetch (&kept_bytes, n, __ATOMIC_RELAXED);
+}
 
 /* The calling thread's spare block is the value of spare_key, whose
  * destructor frees it when the thread exits.  (Not a __thread
@@ -104,6 +118,7 @@ request_alloc (size_t nr_pieces, size_t room)
   r = cls >= 0 && spare_key_made ? pthread_getspecific (spare_key) : NULL;
   if (r && r->cls == cls) {
     pthread_setspecific (spare_key, NULL);
+    kept_sub (class_size (cls));
     /* Only the header: the pieces are all set by the caller. */
     memset (r, 0, offsetof (struct request, pieces));
     r->cls = cls;
@@ -141,8 +156,10 @@ request_recycle_locked (struct eng_actions *a)
 
     next = op->release_next;
     if (r->cls >= 0 && cache_len[r->cls] < CACHE_SLOTS &&
-        cache_bytes + class_size (r->cls) <= cfg.lim.max_bytes) {
-      cache_bytes += class_size (r->cls);
+        __atomic_load_n (&kept_bytes, __ATOMIC_RELAXED) +
+        class_size (r->cls) <= cfg.lim.max_bytes) {
+      __atomic_add_fetch (&kept_bytes, class_size (r->cls),
+                          __ATOMIC_RELAXED);
       cache[r->cls][cache_len[r->cls]++] = r;
       continue;
     }
@@ -162,16 +179,49 @@ request_refill_locked (size_t nr_pieces, size_t room)
   if (!spare_key_made || k < 0 || cache_len[k] == 0 ||
       pthread_getspecific (spare_key) != NULL)
     return;
+  /* Still kept: a spare counts in kept_bytes until used or freed. */
   if (pthread_setspecific (spare_key, cache[k][cache_len[k] - 1]) != 0)
     return;
   cache_len[k]--;
-  cache_bytes -= class_size (k);
 }
 
 static void
 spare_exit (void *spare)
 {
+  kept_sub (class_size (((struct request *) spare)->cls));
   free (spare);
+}
+
+/* Free every cached block.  Returns the bytes freed. */
+static size_t
+cache_drain_locked (void)
+{
+  size_t freed = 0;
+  int k;
+
+  for (k = 0; k < REQ_CLASSES; ++k)
+    while (cache_len[k] > 0) {
+      free (cache[k][--cache_len[k]]);
+      freed += class_size (k);
+    }
+  kept_sub (freed);
+  return freed;
+}
+
+void
+request_trim (void)
+{
+  {
+    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
+    cache_drain_locked ();
+  }
+  /* glibc keeps what was freed in its arenas (one per thread that
+   * allocated, up to 8 per CPU): nbdkit's per-thread request buffers and
+   * our copies of hundreds of connections' worker threads stay in the
+   * process's RSS until trimmed.  malloc_trim(0) returns the free pages
+   * of every arena to the kernel.
+   */
+  malloc_trim (0);
 }
 
 int
@@ -191,14 +241,10 @@ request_init (void)
 void
 request_fini (void)
 {
-  int k;
 
   if (spare_key_made)
     pthread_key_delete (spare_key);
   spare_key_made = false;
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
-  for (k = 0; k < REQ_CLASSES; ++k)
-    while (cache_len[k] > 0)
-      free (cache[k][--cache_len[k]]);
-  cache_bytes = 0;
+  cache_drain_locked ();
 }

@@ -15,8 +15,10 @@
  * back in its own submission's lock acquisition, as its thread's
  * "spare" for its next request: no lock of its own, no malloc.
  *
- * Memory: the cache holds at most max-bytes= of blocks (all
- * connections together), each worker thread at most one spare.
+ * Memory: the cache and the threads' spares together hold at most
+ * max-bytes= of blocks, for all connections together (each worker
+ * thread at most one spare); the last connection to close frees the
+ * cache and trims malloc's arenas (request_trim).
  */
 #ifndef NBDPLUG_REQUEST_H
 #define NBDPLUG_REQUEST_H
@@ -59,6 +61,12 @@ extern void request_recycle_locked (struct eng_actions *a);
  * `room` bytes of data.
  */
 extern void request_refill_locked (size_t nr_pieces, size_t room);
+
+/* Free the cache and give malloc's free memory back to the kernel
+ * (malloc_trim).  Context: the last connection's .close; not per
+ * request (it walks every arena).
+ */
+extern void request_trim (void);
 
 /* Set up and tear down (.get_ready / .unload): a thread's spare is
  * freed when the thread exits.

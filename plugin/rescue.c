@@ -1,0 +1,137 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
+/* rescue.c: see rescue.h. */
+
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <string.h>
+#include <unistd.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "conn.h"
+#include "rescue.h"
+
+/* How long the aborting thread waits for the rescue.  Bounded: the
+ * abort may come from the plugin's own assertion with eng_lock held.
+ */
+#define RESCUE_WAIT_S 10
+
+enum rescue_state {
+  RESCUE_STOPPED,
+  RESCUE_ARMED,
+};
+
+static enum rescue_state state = RESCUE_STOPPED;
+static int wake_pipe[2] = { -1, -1 };   /* handler -> thread */
+static int done_pipe[2] = { -1, -1 };   /* thread -> handler */
+static pthread_t thread;
+static struct sigaction old_action;
+
+static void *
+rescue_thread (void *arg)
+{
+  char c;
+  ssize_t r;
+
+  do
+    r = read (wake_pipe[0], &c, 1);
+  while (r == -1 && errno == EINTR);
+  if (r == 1) {
+    /* An abort: the exit's write-out, every connection's held data. */
+    conns_rescue ();
+    c = 0;
+    if (write (done_pipe[1], &c, 1) != 1) {
+      /* The handler then waits RESCUE_WAIT_S: nothing else to do. */
+    }
+  }
+  return NULL;                  /* r == 0: rescue_stop closed the pipe. */
+}
+
+/* Only async-signal-safe calls here: write, poll. */
+static void
+on_abort (int sig)
+{
+  int err = errno;
+  char c = 0;
+  struct pollfd p = { .fd = done_pipe[0], .events = POLLIN };
+
+  if (write (wake_pipe[1], &c, 1) == 1)
+    while (poll (&p, 1, RESCUE_WAIT_S * 1000) == -1 && errno == EINTR)
+      ;
+  /* Returning lets abort(3) go on: it restores the default action and
+   * raises SIGABRT again, so the exit status stays the abort's.
+   */
+  errno = err;
+}
+
+static void
+close_pipes (void)
+{
+  int i;
+
+  for (i = 0; i < 2; ++i) {
+    if (wake_pipe[i] >= 0)
+      close (wake_pipe[i]);
+    if (done_pipe[i] >= 0)
+      close (done_pipe[i]);
+    wake_pipe[i] = done_pipe[i] = -1;
+  }
+}
+
+int
+rescue_start (void)
+{
+  struct sigaction sa;
+  int err;
+
+  if (pipe2 (wake_pipe, O_CLOEXEC) == -1 ||
+      pipe2 (done_pipe, O_CLOEXEC) == -1) {
+    nbdkit_error ("pipe2: %m");
+    close_pipes ();
+    return -1;
+  }
+  err = pthread_create (&thread, NULL, rescue_thread, NULL);
+  if (err != 0) {
+    errno = err;
+    nbdkit_error ("pthread_create: %m");
+    close_pipes ();
+    return -1;
+  }
+  memset (&sa, 0, sizeof sa);
+  sa.sa_handler = on_abort;
+  sigemptyset (&sa.sa_mask);
+  if (sigaction (SIGABRT, &sa, &old_action) == -1) {
+    nbdkit_error ("sigaction: %m");
+    close (wake_pipe[1]);
+    wake_pipe[1] = -1;
+    pthread_join (thread, NULL);
+    close_pipes ();
+    return -1;
+  }
+  state = RESCUE_ARMED;
+  return 0;
+}
+
+void
+rescue_stop (void)
+{
+  if (state != RESCUE_ARMED)
+    return;
+  sigaction (SIGABRT, &old_action, NULL);
+  /* EOF on the pipe ends the thread (a rescue under way finishes). */
+  close (wake_pipe[1]);
+  wake_pipe[1] = -1;
+  pthread_join (thread, NULL);
+  close_pipes ();
+  state = RESCUE_STOPPED;
+}
