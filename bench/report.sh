@@ -14,7 +14,7 @@
 #      calls, file write calls (perf stat over the server's whole life,
 #      all threads and children), user-space instructions (callgrind);
 #  (c) backend operations per client operation, counted at the remote
-#      by nbdkit's stats filter (same runs as (a));
+#      by bench/delay-us.c (same runs as (a));
 #  (d) REPORT_VM=1: not built yet (see README.md).
 #
 # Environment: see README.md ("bench/report.sh").  REPORT_QUICK=1 is a
@@ -33,7 +33,7 @@ if [ "${REPORT_QUICK:-0}" = 1 ]; then
   : "${REPORT_COUNT_IOS:=10000}" "${REPORT_INSTR_IOS:=2000}"
   : "${REPORT_INSTR_FRONTS:=file plug}"
 else
-  : "${REPORT_REPS:=3}" "${REPORT_SECONDS:=3}" "${REPORT_DELAYS:=0 0.1 0.5 1 5 10}"
+  : "${REPORT_REPS:=3}" "${REPORT_SECONDS:=2}" "${REPORT_DELAYS:=0 0.1 0.5 1 5 10}"
   : "${REPORT_COUNT_IOS:=30000}" "${REPORT_INSTR_IOS:=5000}"
   : "${REPORT_INSTR_FRONTS:=file plug plug-hold null qemu-nbd}"
 fi
@@ -93,7 +93,7 @@ mkdir -p "$raw"
 timed_tsv=$raw/timed.tsv
 counts_tsv=$raw/counts.tsv
 instr_tsv=$raw/instr.tsv
-printf 'rep\tbackend\tworkload\tfront\tiops\tcwrites\tcflushes\tbwrites\tbflushes\tstatus\n' >"$timed_tsv"
+printf 'rep\tbackend\tworkload\tfront\tiops\tcwrites\tcflushes\tbwrites\tbflushes\tbfua\tstatus\n' >"$timed_tsv"
 printf 'rep\tworkload\tfront\tios\tcs\tfutex\tpwrite\twrite\tstatus\n' >"$counts_tsv"
 printf 'workload\tfront\tinstr\n' >"$instr_tsv"
 
@@ -128,32 +128,33 @@ wait_listening ()
   return 1
 }
 
-# start_remote DELAY_MS: nbdkit memory behind the write delay, counted
-# by the stats filter (outermost: it counts what the front sends).
+# start_remote DELAY_MS: nbdkit memory behind the write delay, which
+# also counts what the front sends (bench/delay-us.c).
 start_remote ()
 {
   local us
   us=$(awk -v d="$1" 'BEGIN { printf "%d", d * 1000 }')
-  rm -f "$tmp/remote.sock" "$tmp/remote.stats"
-  nbdkit -f -U "$tmp/remote.sock" --filter=stats --filter="$tmp/delay-us.so" \
-    memory 1G "write-us=$us" statsfile="$tmp/remote.stats" \
+  rm -f "$tmp/remote.sock" "$tmp/remote.counts"
+  nbdkit -f -U "$tmp/remote.sock" --filter="$tmp/delay-us.so" \
+    memory 1G "write-us=$us" counts="$tmp/remote.counts" \
     >>"$tmp/remote.log" 2>&1 &
   remote_pid=$!
   wait_listening "$tmp/remote.sock" "$remote_pid" ||
     die "remote did not start: $(tail -n3 "$tmp/remote.log")"
 }
 
-# stop_remote: sets remote_counts to "WRITES FLUSHES" counted at the
-# remote.  Not in a $(...): the remote is this shell's child.
+# stop_remote: sets remote_counts to "WRITES FLUSHES FUA" counted at
+# the remote (FUA: writes and zeroes with the flag).  Not in a $(...): the remote is this shell's child.
 stop_remote ()
 {
-  local rc=0
+  local rc=0 w fua f
   kill -TERM "$remote_pid"
   wait "$remote_pid" || rc=$?
   remote_pid=
   [ "$rc" = 0 ] || die "remote exited with status $rc: $(tail -n3 "$tmp/remote.log")"
-  remote_counts=$(awk '$1 == "write:" { w = $2 } $1 == "flush:" { f = $2 }
-                       END { print w + 0, f + 0 }' "$tmp/remote.stats")
+  read -r _ w _ fua _ f _ <"$tmp/remote.counts" ||
+    die "no counts from the remote"
+  remote_counts="$w $f $fua"
 }
 
 # front_cmd FRONT BACKEND: the server command, in the array cmd.
@@ -278,7 +279,7 @@ plug_backend ()
 timed_point ()
 {
   local rep=$1 backend=$2 workload=$3 front=$4 kind=remote
-  local iops cw cf bw=- bf=- rc
+  local iops cw cf bw=- bf=- bfua=- rc
   case $backend in tmpfs) kind=tmpfs ;; none) kind=none ;; esac
   [ "$kind" = remote ] && start_remote "$backend"
   start_front "$front" "$kind"
@@ -288,15 +289,16 @@ timed_point ()
   rc=$front_rc
   if [ "$kind" = remote ]; then
     stop_remote
-    read -r bw bf <<<"$remote_counts"
+    read -r bw bf bfua <<<"$remote_counts"
   elif [ "$front" = plug ] || [ "$front" = plug-hold ]; then
     read -r bw bf < <(plug_backend)
   elif [ "$front" = file ]; then
     bw=$cw       # nbdkit file: one pwrite per write, one fdatasync per FLUSH
     bf=$cf
+    bfua=0
   fi
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$rep" "$backend" \
-    "$workload" "$front" "$iops" "$cw" "$cf" "$bw" "$bf" "$rc" >>"$timed_tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$rep" "$backend" \
+    "$workload" "$front" "$iops" "$cw" "$cf" "$bw" "$bf" "$bfua" "$rc" >>"$timed_tsv"
   echo "rep $rep  $backend  $workload  $front: $iops IOPS, backend $bw writes $bf flushes for $cw, $cf" >&2
 }
 
