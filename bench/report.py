@@ -154,6 +154,14 @@ class Data:
         self.timed = read_tsv(os.path.join(raw, "timed.tsv"))
         self.counts = read_tsv(os.path.join(raw, "counts.tsv"))
         self.instr = read_tsv(os.path.join(raw, "instr.tsv"))
+        vm = os.path.join(raw, "vm.tsv")
+        self.vm = read_tsv(vm)
+        self.vm_date = None
+        meta = os.path.join(raw, "meta.env")
+        if self.vm and os.path.getmtime(vm) < os.path.getmtime(meta) - 3600:
+            self.vm_date = subprocess.run(
+                ["date", "-u", "-r", vm, "+%Y-%m-%d %H:%M UTC"],
+                capture_output=True, text=True).stdout.strip()
         self.delays = []
         self.workloads = []
         for r in self.timed:
@@ -499,8 +507,32 @@ def report(d):
                     L.append(f"| {WORKLOADS.get(w, w)} | {label} | " + " | ".join(cells) + " |")
         L.append("")
 
-    L.append("## (d) Real clients (kernel nbd driver, qemu guest)\n")
-    L.append("Not measured yet: `REPORT_VM=1` is reserved for it (see bench/README.md).\n")
+    L.append("## (d) A real client: the kernel nbd driver with ext4\n")
+    if not d.vm:
+        L.append("Not measured in this run (`REPORT_VM=1` runs bench/vm-report.sh).\n")
+        return "\n".join(L)
+    L.append(f"bench/vm-report.sh{' (an earlier run: ' + d.vm_date + ')' if d.vm_date else ''}: "
+             "in a guest (TCG qemu, Debian cloud kernel), the kernel's nbd "
+             "driver on each front, the front and a remote of 1 ms per write "
+             "(nbdkit memory, bench/delay-us.c) inside the guest: "
+             "mkfs.ext4, mount, unpack a source tree (this project's and "
+             "/usr/include/linux, some 1000 files), sync, then 200 x (write 512 "
+             "bytes, fsync) as a database commits, umount.  Counted, not "
+             "timed (the guest's CPU is emulated): what the kernel sent to "
+             "the front, and what reached the remote.\n")
+    L.append("| front | client writes | client FLUSH | client FUA | client trims | "
+             "remote writes | remote FLUSH | remote FUA | remote writes per client write | "
+             "remote FLUSH+FUA per client FLUSH+FUA |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|")
+    for r in sorted(d.vm, key=lambda r: FRONT_ORDER.index(r["front"])):
+        g = {k: int(v) for k, v in r.items() if k not in ("front", "seconds")}
+        cd = g["cflushes"] + g["cfua"]
+        bd = g["bflushes"] + g["bfua"]
+        L.append(f"| {FRONTS[r['front']]} | {g['cwrites']} | {g['cflushes']} | "
+                 f"{g['cfua']} | {g['ctrims']} | {g['bwrites']} | {g['bflushes']} | "
+                 f"{g['bfua']} | {fmt_small(g['bwrites'] / g['cwrites']) if g['cwrites'] else '-'} | "
+                 f"{fmt_small(bd / cd) if cd else '-'} |")
+    L.append("")
     return "\n".join(L)
 
 

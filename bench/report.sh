@@ -15,7 +15,9 @@
 #      all threads and children), user-space instructions (callgrind);
 #  (c) backend operations per client operation, counted at the remote
 #      by bench/delay-us.c (same runs as (a));
-#  (d) REPORT_VM=1: not built yet (see README.md).
+#  (d) REPORT_VM=1: real clients in a guest (the kernel nbd driver with
+#      ext4), counted per front: bench/vm-report.sh.  Without it, the
+#      counts of an earlier run (results/raw/vm.tsv) stay in the report.
 #
 # Environment: see README.md ("bench/report.sh").  REPORT_QUICK=1 is a
 # smaller run (about 5 minutes on 2 cores).
@@ -370,70 +372,81 @@ instr_point ()
   echo "instructions $workload $front: $(tail -n1 "$instr_tsv")" >&2
 }
 
-started=$(date -u '+%Y-%m-%d %H:%M UTC')
-t0=$SECONDS
-load0=$(cut -d' ' -f1-3 /proc/loadavg)
-read -r -a delays <<<"$REPORT_DELAYS"
-read -r -a workloads <<<"$REPORT_WORKLOADS"
-read -r -a rfronts <<<"$REPORT_REMOTE_FRONTS"
-read -r -a lfronts <<<"$REPORT_LOCAL_FRONTS"
-read -r -a cworkloads <<<"$REPORT_COUNT_WORKLOADS"
+# main: the run.  A function, so that bash has read all of it before it
+# starts: editing or checking out this file during a run cannot change
+# what the run does.
+main ()
+{
+  started=$(date -u '+%Y-%m-%d %H:%M UTC')
+  t0=$SECONDS
+  load0=$(cut -d' ' -f1-3 /proc/loadavg)
+  read -r -a delays <<<"$REPORT_DELAYS"
+  read -r -a workloads <<<"$REPORT_WORKLOADS"
+  read -r -a rfronts <<<"$REPORT_REMOTE_FRONTS"
+  read -r -a lfronts <<<"$REPORT_LOCAL_FRONTS"
+  read -r -a cworkloads <<<"$REPORT_COUNT_WORKLOADS"
 
-# (a), (c): rounds over every front; each repetition visits every point
-# once, so drift on the machine spreads over all fronts.
-for ((rep = 1; rep <= REPORT_REPS; rep++)); do
-  for w in "${workloads[@]}"; do
-    timed_point "$rep" none "$w" null
-    for d in "${delays[@]}"; do
-      for f in $(rotate "$rep" "${rfronts[@]}"); do
-        timed_point "$rep" "$d" "$w" "$f"
+  # (a), (c): rounds over every front; each repetition visits every point
+  # once, so drift on the machine spreads over all fronts.
+  for ((rep = 1; rep <= REPORT_REPS; rep++)); do
+    for w in "${workloads[@]}"; do
+      timed_point "$rep" none "$w" null
+      for d in "${delays[@]}"; do
+        for f in $(rotate "$rep" "${rfronts[@]}"); do
+          timed_point "$rep" "$d" "$w" "$f"
+        done
+      done
+      for f in $(rotate "$rep" "${lfronts[@]}"); do
+        timed_point "$rep" tmpfs "$w" "$f"
       done
     done
-    for f in $(rotate "$rep" "${lfronts[@]}"); do
-      timed_point "$rep" tmpfs "$w" "$f"
+    # (b): counts, interleaved with the timed rounds.
+    for w in "${cworkloads[@]}"; do
+      for f in $(rotate "$rep" "${lfronts[@]}" null); do
+        count_point "$rep" "$w" "$f"
+      done
     done
   done
-  # (b): counts, interleaved with the timed rounds.
+
+  # (b): instructions, deterministic: once.
   for w in "${cworkloads[@]}"; do
-    for f in $(rotate "$rep" "${lfronts[@]}" null); do
-      count_point "$rep" "$w" "$f"
+    for f in $REPORT_INSTR_FRONTS; do
+      instr_point "$f" "$w"
     done
   done
-done
 
-# (b): instructions, deterministic: once.
-for w in "${cworkloads[@]}"; do
-  for f in $REPORT_INSTR_FRONTS; do
-    instr_point "$f" "$w"
-  done
-done
+  # (d): real clients in a guest, counted; once, after the timed parts.
+  if [ "$REPORT_VM" = 1 ]; then
+    PLUGIN=$PLUGIN "$bench/vm-report.sh" "$raw/vm.tsv" ||
+      die "part (d) failed: bench/vm-report.sh"
+  fi
 
-if [ "$REPORT_VM" = 1 ]; then
-  echo "$0: REPORT_VM=1: part (d) is not built yet; skipped" >&2
-fi
+  elapsed=$((SECONDS - t0))
+  {
+    echo "started='$started'"
+    echo "elapsed=$elapsed"
+    echo "plugin_id='$plugin_id'"
+    echo "nbdkit='$(nbdkit --version)'"
+    echo "qemu='$(qemu-nbd --version | head -n1)'"
+    echo "nbd_server='$(nbd-server -V 2>&1 | sed -n 's/.*version /nbd-server /p' | head -n1)'"
+    echo "fio='$(fio --version)'"
+    echo "cpus=$(nproc)"
+    echo "load_start='$load0'"
+    echo "load_end='$(cut -d' ' -f1-3 /proc/loadavg)'"
+    echo "reps=$REPORT_REPS"
+    echo "seconds=$REPORT_SECONDS"
+    echo "count_ios=$REPORT_COUNT_IOS"
+    echo "instr_ios=$REPORT_INSTR_IOS"
+    echo "quick=${REPORT_QUICK:-0}"
+  } >"$raw/meta.env"
 
-elapsed=$((SECONDS - t0))
-cat >"$raw/meta.env" <<EOF
-started='$started'
-elapsed=$elapsed
-plugin_id='$plugin_id'
-nbdkit='$(nbdkit --version)'
-qemu='$(qemu-nbd --version | head -n1)'
-nbd_server='$(nbd-server -V 2>&1 | head -n1)'
-fio='$(fio --version)'
-cpus=$(nproc)
-load_start='$load0'
-load_end='$(cut -d' ' -f1-3 /proc/loadavg)'
-reps=$REPORT_REPS
-seconds=$REPORT_SECONDS
-count_ios=$REPORT_COUNT_IOS
-instr_ios=$REPORT_INSTR_IOS
-quick=${REPORT_QUICK:-0}
-EOF
+  /usr/bin/python3 "$bench/report.py" "$REPORT_OUT" || die "report.py failed"
+  if [ "$REPORT_README" = 1 ]; then
+    /usr/bin/python3 "$bench/report.py" --readme "$REPORT_OUT" "$bench/README.md" ||
+      die "cannot update README.md"
+  fi
+  echo "$0: done in ${elapsed}s: $REPORT_OUT/report.md" >&2
+}
 
-/usr/bin/python3 "$bench/report.py" "$REPORT_OUT" || die "report.py failed"
-if [ "$REPORT_README" = 1 ]; then
-  /usr/bin/python3 "$bench/report.py" --readme "$REPORT_OUT" "$bench/README.md" ||
-    die "cannot update README.md"
-fi
-echo "$0: done in ${elapsed}s: $REPORT_OUT/report.md" >&2
+main "$@"
+exit
