@@ -31,7 +31,7 @@ top_builddir=${top_builddir:-$(cd "$bench/.." && pwd)}
 PLUGIN=${PLUGIN:-$top_builddir/plugin/.libs/nbdkit-plug-plugin.so}
 
 if [ "${REPORT_QUICK:-0}" = 1 ]; then
-  : "${REPORT_REPS:=1}" "${REPORT_SECONDS:=1}" "${REPORT_DELAYS:=0 1 10}"
+  : "${REPORT_REPS:=1}" "${REPORT_SECONDS:=1}" "${REPORT_DELAYS:=0 1}"
   : "${REPORT_COUNT_IOS:=10000}" "${REPORT_INSTR_IOS:=2000}"
   : "${REPORT_INSTR_FRONTS:=file plug}"
 else
