@@ -387,6 +387,15 @@ def report(d):
              f"load average {m.get('load_start')} at start, {m.get('load_end')} at the end. "
              f"{m.get('reps')} interleaved repetitions of {m.get('seconds')} s per point; "
              "cells are the median IOPS, (min-max) over repetitions.\n")
+    try:
+        busy = float(m.get("load_end", "0").split()[0]) > 2 * int(m.get("cpus", "1")) or \
+            float(m.get("load_start", "0").split()[0]) > 2 * int(m.get("cpus", "1"))
+    except ValueError:
+        busy = False
+    if busy:
+        L.append("**The machine was busy with other work during this run (load "
+                 "average above twice its CPUs): the IOPS below, and the verdicts "
+                 "drawn from them, are noisy; the counts of (b) to (d) much less so.**\n")
     if d.failed:
         L.append(f"**{len(d.failed)} measurement(s) where the server exited with an "
                  f"error**: " + ", ".join(f"{r['front']}/{r['workload']}" for r in d.failed[:8]) + "\n")
@@ -459,6 +468,12 @@ def report(d):
         fronts = [f for f in FRONT_ORDER if any(r["front"] == f for r in d.counts)]
         for w in cws:
             L.append(f"### {WORKLOADS.get(w, w)}\n")
+            pc, fc = d.count(w, "plug", "cs"), d.count(w, "file", "cs")
+            pf, ff = d.count(w, "plug", "futex"), d.count(w, "file", "futex")
+            if pc and fc and pf and ff:
+                L.append(f"The plug against nbdkit file, medians: context switches "
+                         f"{pc.med - fc.med:+.2f}, futex calls {pf.med - ff.med:+.2f} "
+                         f"per request.\n")
             L.append("| front | context switches | futex calls | pwrite* calls | write calls | instructions |")
             L.append("|---|---|---|---|---|---|")
             for f in fronts:
@@ -507,28 +522,32 @@ def report(d):
                     L.append(f"| {WORKLOADS.get(w, w)} | {label} | " + " | ".join(cells) + " |")
         L.append("")
 
-    L.append("## (d) A real client: the kernel nbd driver with ext4\n")
+    L.append("## (d) Real clients: the kernel nbd driver and qemu, with ext4\n")
     if not d.vm:
         L.append("Not measured in this run (`REPORT_VM=1` runs bench/vm-report.sh).\n")
         return "\n".join(L)
     L.append(f"bench/vm-report.sh{' (an earlier run: ' + d.vm_date + ')' if d.vm_date else ''}: "
              "in a guest (TCG qemu, Debian cloud kernel), the kernel's nbd "
              "driver on each front, the front and a remote of 1 ms per write "
-             "(nbdkit memory, bench/delay-us.c) inside the guest: "
+             "(nbdkit memory, bench/delay-us.c) inside the guest; then qemu's "
+             "own NBD client (a virtio disk per front, the fronts and remotes on "
+             "the host).  The same workload on each: "
              "mkfs.ext4, mount, unpack a source tree (this project's and "
              "/usr/include/linux, some 1000 files), sync, then 200 x (write 512 "
              "bytes, fsync) as a database commits, umount.  Counted, not "
-             "timed (the guest's CPU is emulated): what the kernel sent to "
+             "timed (the guest's CPU is emulated): what the client sent to "
              "the front, and what reached the remote.\n")
-    L.append("| front | client writes | client FLUSH | client FUA | client trims | "
+    L.append("| client | front | client writes | client FLUSH | client FUA | client trims | "
              "remote writes | remote FLUSH | remote FUA | remote writes per client write | "
              "remote FLUSH+FUA per client FLUSH+FUA |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|")
-    for r in sorted(d.vm, key=lambda r: FRONT_ORDER.index(r["front"])):
-        g = {k: int(v) for k, v in r.items() if k not in ("front", "seconds")}
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in sorted(d.vm, key=lambda r: (r.get("client", "kernel"),
+                                         FRONT_ORDER.index(r["front"]))):
+        client = {"kernel": "kernel nbd", "qemu": "qemu"}.get(r.get("client"), "kernel nbd")
+        g = {k: int(v) for k, v in r.items() if k not in ("client", "front", "seconds")}
         cd = g["cflushes"] + g["cfua"]
         bd = g["bflushes"] + g["bfua"]
-        L.append(f"| {FRONTS[r['front']]} | {g['cwrites']} | {g['cflushes']} | "
+        L.append(f"| {client} | {FRONTS[r['front']]} | {g['cwrites']} | {g['cflushes']} | "
                  f"{g['cfua']} | {g['ctrims']} | {g['bwrites']} | {g['bflushes']} | "
                  f"{g['bfua']} | {fmt_small(g['bwrites'] / g['cwrites']) if g['cwrites'] else '-'} | "
                  f"{fmt_small(bd / cd) if cd else '-'} |")
