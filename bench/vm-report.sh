@@ -45,6 +45,7 @@ cleanup ()
 trap cleanup EXIT
 
 PLUGIN_SO=${PLUGIN:-$top/plugin/.libs/nbdkit-plug-plugin.so}
+# shellcheck disable=SC2034 # read by vm-lib.sh
 PLUGIN_KIND=plug
 # shellcheck source=../tests/vm/vm-lib.sh
 . "$top/tests/vm/vm-lib.sh"
