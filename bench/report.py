@@ -323,7 +323,7 @@ set key {'outside bottom center horizontal' if i == 0 else 'off'}
 plot {', '.join(plots)}
 """)
     gnuplot(f"""
-set terminal pngcairo size 1200,900 font ',9'
+set terminal pngcairo size 1000,760 font ',8'
 set output '{png}'
 set multiplot layout 2,2 title 'IOPS against the remote write latency (median, bars: min-max)'
 set logscale y
@@ -358,7 +358,7 @@ set title '{WORKLOADS.get(w, w)}, tmpfs'
 plot '{dat}' using 2:xtic(1) title 'context switches', '' using 3 title 'futex calls', '' using 4 title 'pwrite* calls'
 """)
     gnuplot(f"""
-set terminal pngcairo size 1200,450 font ',9'
+set terminal pngcairo size 1000,380 font ',8'
 set output '{png}'
 set multiplot layout 1,{len(parts)} title 'Per request, the server process (perf stat, median of repetitions)'
 set style data histograms
@@ -402,7 +402,7 @@ def report(d):
 
     use, avoid = verdicts(d)
     L.append("## Use it when / do not use it when\n")
-    L.append("Computed from the tables below (medians; the plug in its default "
+    L.append("Computed from the IOPS tables of (a) (medians; the plug in its default "
              "`mode=writeback`): it *pays* where it gives at least 1.5x the "
              "proxy's IOPS, it *costs* where less than 0.9x.\n")
     L.append("| use the plug when | do not use it (or use the named front) when |")
@@ -563,13 +563,21 @@ def main():
         rel = os.path.relpath(out, os.path.dirname(os.path.abspath(readme)))
         rep = rep.replace("](iops.png)", f"]({rel}/iops.png)")
         rep = rep.replace("](counts.png)", f"]({rel}/counts.png)")
-        # Under README's "Latest results": no title of its own, headings
-        # one level down.
+        # Under README's "Latest results": the summary (up to the first
+        # measured part) and the plots; the tables stay in report.md.
+        # No title of its own, headings one level down.
         lines = rep.splitlines()
         if lines and lines[0].startswith("# "):
             lines = lines[1:]
+        cut = next((i for i, l in enumerate(lines) if l.startswith("## (a)")), len(lines))
+        lines = lines[:cut] + [
+            "## Plots", "",
+            f"![IOPS against remote latency]({rel}/iops.png)", "",
+            f"![counts per request]({rel}/counts.png)", "",
+            f"The tables of (a) IOPS, (b) counts per request, (c) backend "
+            f"operations per client operation and (d) real clients: "
+            f"[{rel}/report.md]({rel}/report.md)."]
         rep = "\n".join("#" + l if l.startswith("#") else l for l in lines)
-        rep = f"From [{rel}/report.md]({rel}/report.md).\n" + rep
         with open(readme) as f:
             text = f.read()
         if BEGIN not in text or END not in text:
