@@ -28,6 +28,7 @@
 # vm_section LOG TAG          print the lines between VMTEST-BEGIN/END TAG
 #
 # Knobs: NBDPLUG_VM_CACHE, VM_TIMEOUT (seconds per boot, default 300),
+# VM_EXTRA_FILES (more files for the guest, SRC=DEST or SRC, space separated),
 # VM_QEMU_ACCEL (default "-accel tcg,thread=multi -cpu max"), and
 # TEST_NBDKIT_OPTS / TEST_NBDKIT_PARAMS (serve-lib.sh; also used in the guest).
 
@@ -205,6 +206,16 @@ vm_initramfs ()
         cp -L "$f" "$r$filterdir/"
         ;;
     esac
+  done
+  # VM_EXTRA_FILES: more files, each SRC=DEST (or SRC, at its own path),
+  # with the shared libraries they need.
+  for w in ${VM_EXTRA_FILES:-}; do
+    f=${w%%=*}
+    _vm_copy "$r" "$f"
+    if [ "$w" != "$f" ]; then
+      mkdir -p "$r$(dirname "${w#*=}")"
+      cp -L "$f" "$r${w#*=}"
+    fi
   done
   cp /etc/mke2fs.conf "$r/etc/" 2>/dev/null || :
   echo "root:x:0:0:root:/root:/bin/sh" > "$r/etc/passwd"
