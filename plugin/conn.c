@@ -458,7 +458,7 @@ speculate_room (const void *data, uint32_t flags, uint32_t count)
 {
   if (!needs_copy (data, flags))
     return 0;
-  return !cfg.direct || last_plugged ? count : 0;
+  return cfg.direct == DIRECT_NEVER || last_plugged ? count : 0;
 }
 
 /* r, a write whose data is still nbdkit's buffer, moved into a block
@@ -524,7 +524,7 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   glue_begin (&a);
   pthread_mutex_lock (&eng_lock);
   now = now_ns ();
-  if (cfg.direct)
+  if (cfg.direct != DIRECT_NEVER)
     direct = engine_try_direct (eng, c->ec, &r->op, now, &a.eng);
   if (!direct && (copied || !copy)) {
     /* Writeback acknowledges at once: the data must be our own copy,
