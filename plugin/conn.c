@@ -318,6 +318,44 @@ submit_wait (struct conn *c, struct request *r)
   return 0;
 }
 
+/* Free c's own memory.  Copies in its arena may outlive it: each chunk
+ * goes with its last copy (arena_fini).
+ */
+static void
+conn_free (struct conn *c)
+{
+  if (c->arena) {
+    arena_fini (c->arena);
+    free (c->arena);
+  }
+  pthread_mutex_destroy (&c->arena_lock);
+  free (c->workers);
+  free (c);
+}
+
+/* Arenas at most per connection: 4 chunks of 2 MiB, twice the default
+ * max-bytes=, so that a stream holding max-bytes= of copies still has
+ * a chunk free for what comes next.
+ */
+#define ARENA_CHUNKS_PER_CONN 6
+
+/* Do writeback copies go to an arena?  Only where a merged run would
+ * otherwise be gathered into one buffer: an NBD server takes one
+ * buffer per write (a local file takes pwritev's vector).
+ */
+static bool
+wants_arena (void)
+{
+  size_t i;
+
+  if (cfg.mode != MODE_WRITEBACK)
+    return false;
+  for (i = 0; i < nr_backings; ++i)
+    if (backings[i].remote)
+      return true;
+  return false;
+}
+
 struct conn *
 conn_open (void)
 {
@@ -330,11 +368,18 @@ conn_open (void)
   }
   c->id = __atomic_add_fetch (&next_conn_id, 1, __ATOMIC_RELAXED);
   c->stats.connections = 1;
+  pthread_mutex_init (&c->arena_lock, NULL);
+  if (wants_arena ()) {
+    /* Without one, copies go to request blocks: slower, not wrong. */
+    c->arena = malloc (sizeof *c->arena);
+    if (c->arena)
+      arena_init (c->arena, ARENA_CHUNKS_PER_CONN);
+  }
   c->close_req = request_new (ENG_CLOSE, 0, 0, 0, 0);
   if (c->close_req == NULL) {
     nbdkit_error ("connection %" PRIu64 ": no memory for its close "
                   "request: %m", c->id);
-    free (c);
+    conn_free (c);
     return NULL;
   }
   {
@@ -344,7 +389,7 @@ conn_open (void)
   if (c->ec == NULL) {
     nbdkit_error ("connection: %m");
     request_free (&c->close_req->op);
-    free (c);
+    conn_free (c);
     return NULL;
   }
   conns_register (c);
@@ -382,9 +427,13 @@ conn_close (struct conn *c)
     nbdkit_debug ("connection %" PRIu64 ": %s", c->id, line);
     free (line);
   }
+  if (plug_debug_stats && c->arena)
+    nbdkit_debug ("connection %" PRIu64 ": arena: %" PRIu64 " writes "
+                  "placed, %" PRIu64 " not, %u chunks", c->id,
+                  c->arena->placed, c->arena->refused,
+                  c->arena->nr_chunks);
   stats_publish (&c->stats);
-  free (c->workers);
-  free (c);
+  conn_free (c);
 }
 
 /* The exit's request, allocated at start (conns_init). */
@@ -468,7 +517,7 @@ speculate_room (const void *data, uint32_t flags, uint32_t count)
  * new block, or NULL after nbdkit_error (r freed too).
  */
 static struct request *
-request_with_copy (struct request *r, const void *data)
+request_with_copy (struct conn *c, struct request *r, const void *data)
 {
   struct request *n = request_alloc (r->op.nr_pieces, r->op.count);
 
@@ -482,6 +531,7 @@ request_with_copy (struct request *r, const void *data)
   memcpy (n->pieces, r->pieces, r->op.nr_pieces * sizeof *n->pieces);
   n->copy = request_room (n);
   memcpy (n->copy, data, n->op.count);
+  STATS_ADD (c->stats.bytes_copied, n->op.count);
   request_set_data (n, n->copy, data);
   request_free (&r->op);
   return n;
@@ -503,17 +553,21 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   struct waiter w;
   bool direct = false, submitted = false, acked = false;
   bool copy = needs_copy (data, r->op.flags);
-  bool copied = copy && r->room >= r->op.count;
+  bool copied = copy && (r->copy != NULL || r->room >= r->op.count);
   uint64_t now;
   int ret = 0;
 
   note_worker (c);
   if (copied) {
-    /* Copied before the lock (speculate_room): whether the write goes
-     * direct or into the plug, one acquisition decides and submits.
+    /* Copied before the lock (into an arena, or speculate_room): whether
+     * the write goes direct or into the plug, one acquisition decides
+     * and submits.
      */
-    r->copy = request_room (r);
-    memcpy (r->copy, data, r->op.count);
+    if (r->copy == NULL) {
+      r->copy = request_room (r);
+      memcpy (r->copy, data, r->op.count);
+      STATS_ADD (c->stats.bytes_copied, r->op.count);
+    }
     request_set_data (r, r->copy, NULL);
   }
   else
@@ -556,7 +610,7 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   }
   if (!direct && !submitted) {
     /* The direct path was expected and refused: copy now. */
-    r = request_with_copy (r, data);
+    r = request_with_copy (c, r, data);
     if (r == NULL)
       return -1;
     r->op.bytes = r->op.count;
@@ -577,13 +631,30 @@ conn_pwrite (struct conn *c, const void *buf, uint32_t count,
 {
   struct request *r;
 
+  uint32_t flags = fua ? ENG_F_FUA : 0;
+  struct arena_chunk *chunk = NULL;
+  void *slot = NULL;
+
   stats_count (&c->stats.client[STATS_C_WRITE], count);
   if (fua)
     stats_count (&c->stats.client[STATS_C_FUA], count);
-  r = request_new (ENG_WRITE, offset, count, fua ? ENG_F_FUA : 0,
-                   speculate_room (buf, fua ? ENG_F_FUA : 0, count));
-  if (r == NULL)
+  if (c->arena && needs_copy (buf, flags)) {
+    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&c->arena_lock);
+    slot = arena_place (c->arena, offset, count, &chunk);
+  }
+  r = request_new (ENG_WRITE, offset, count, flags,
+                   slot ? 0 : speculate_room (buf, flags, count));
+  if (r == NULL) {
+    if (chunk)
+      arena_put (chunk);
     return -1;
+  }
+  if (slot) {
+    memcpy (slot, buf, count);
+    STATS_ADD (c->stats.bytes_copied, count);
+    r->copy = slot;
+    r->chunk = chunk;
+  }
   return submit_mutation (c, r, buf, "pwrite");
 }
 

@@ -27,6 +27,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "arena.h"
 #include "engine.h"
 #include "request.h"
 #include "stats.h"
@@ -52,6 +53,14 @@ struct conn {
   struct eng_conn *ec;          /* Owned by the engine; freed at close. */
   pthread_t *workers;           /* Owned: threads seen serving us. */
   size_t nr_workers, cap_workers;
+
+  /* Writeback copies placed by offset (src/arena.h), so that a merged
+   * run to an NBD server is one buffer: set at open when an NBD server
+   * is a backing file in writeback mode, else NULL.  Protected by
+   * arena_lock (its copies are put by any thread, without it).
+   */
+  struct arena *arena;
+  pthread_mutex_t arena_lock;
 
   /* Atomic counters (any thread). */
   struct plug_stats stats;

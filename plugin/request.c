@@ -127,6 +127,10 @@ request_alloc (size_t nr_pieces, size_t room)
 void
 request_free (struct eng_op *op)
 {
+  struct request *r = (struct request *) op;
+
+  if (r->chunk)
+    arena_put (r->chunk);
   free (op);
 }
 
@@ -139,7 +143,8 @@ request_recycle_locked (struct eng_actions *a)
     struct request *r = (struct request *) op;
 
     next = op->release_next;
-    if (r->cls >= 0 && cache_len[r->cls] < CACHE_SLOTS &&
+    if (r->cls >= 0 && r->chunk == NULL &&
+        cache_len[r->cls] < CACHE_SLOTS &&
         cache_bytes + class_size (r->cls) <= cfg.lim.max_bytes) {
       cache_bytes += class_size (r->cls);
       cache[r->cls][cache_len[r->cls]++] = r;

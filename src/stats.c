@@ -38,6 +38,7 @@ stats_merge (struct plug_stats *into, const struct plug_stats *from)
     into->unplugs[i] += from->unplugs[i];
   into->direct += from->direct;
   into->pooled += from->pooled;
+  into->bytes_copied += from->bytes_copied;
   into->largest_requests = MAX (into->largest_requests,
                                 from->largest_requests);
   into->largest_bytes = MAX (into->largest_bytes, from->largest_bytes);
@@ -88,6 +89,7 @@ stats_json (const struct plug_stats *s, const char *mode)
   fprintf (fp, "\n  },\n");
   fprintf (fp, "  \"direct\": %" PRIu64 ",\n", s->direct);
   fprintf (fp, "  \"pooled\": %" PRIu64 ",\n", s->pooled);
+  fprintf (fp, "  \"bytes_copied\": %" PRIu64 ",\n", s->bytes_copied);
   fprintf (fp, "  \"largest_plug\": { \"requests\": %" PRIu64
            ", \"bytes\": %" PRIu64 " },\n",
            s->largest_requests, s->largest_bytes);
