@@ -333,9 +333,10 @@ conn_free (struct conn *c)
   free (c);
 }
 
-/* Arenas at most per connection: 4 chunks of 2 MiB, twice the default
- * max-bytes=, so that a stream holding max-bytes= of copies still has
- * a chunk free for what comes next.
+/* Arena chunks at most per connection: 6 of 2 MiB, three times the
+ * default max-bytes=, so that a stream holding max-bytes= of copies (in
+ * up to three chunks, each begun ARENA_SLACK before its first write)
+ * still has a chunk free for what comes next.
  */
 #define ARENA_CHUNKS_PER_CONN 6
 
@@ -630,7 +631,6 @@ conn_pwrite (struct conn *c, const void *buf, uint32_t count,
              uint64_t offset, bool fua)
 {
   struct request *r;
-
   uint32_t flags = fua ? ENG_F_FUA : 0;
   struct arena_chunk *chunk = NULL;
   void *slot = NULL;
@@ -639,6 +639,7 @@ conn_pwrite (struct conn *c, const void *buf, uint32_t count,
   if (fua)
     stats_count (&c->stats.client[STATS_C_FUA], count);
   if (c->arena && needs_copy (buf, flags)) {
+    /* Placed by offset, copied outside the lock: the slot is ours. */
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&c->arena_lock);
     slot = arena_place (c->arena, offset, count, &chunk);
   }
