@@ -1629,13 +1629,6 @@ admit (struct engine *e, struct eng_conn *c, struct eng_op *op, uint64_t now,
     conn_unplug (e, c, PLUG_UNPLUG_IDLE, now, out);
   else if (plug_full (&c->plug, &reason))
     conn_unplug (e, c, reason, now, out);
-  else if (now >= eng_add_ns (c->plug.oldest_ns, e->cfg.max_delay_ns))
-    /* Due already: the submitter unplugs (and issues) it itself rather
-     * than leave it to the timer thread, which would wake for it and
-     * hand its runs to the pool, as the kernel's submitter flushes its
-     * own plug.
-     */
-    conn_unplug (e, c, PLUG_UNPLUG_MAX_DELAY, now, out);
   else if (c->pace == PACE_BUSY && c->nr_runs == 0)
     conn_unplug (e, c, PLUG_UNPLUG_QUIET, now, out);
 }

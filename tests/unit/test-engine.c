@@ -551,40 +551,6 @@ test_direct_rule_large (void)
   free_all ();
 }
 
-/* A request that finds its plug past max-delay= unplugs it itself:
- * the timer thread need not wake for it (the runs are the submitter's
- * to issue).
- */
-static void
-test_max_delay_at_submit (void)
-{
-  struct eng_conn *c;
-  struct req *q;
-  struct eng_counts n;
-
-  memset (&stats, 0, sizeof stats);
-  make_max_delay_ns = 5 * MS;
-  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
-  make_max_delay_ns = 60000 * MS;
-  c = conn ();
-  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));
-  now += 4 * MS;                /* No tick: the timer is late. */
-  submit (c, mkreq (ENG_WRITE, 0, 4096, 4096, 0));
-  engine_counts (e, &n);
-  ok (n.held == 2 && nr_inflight == 0, "before max-delay= both are held");
-  now += 2 * MS;
-  q = submit (c, mkreq (ENG_WRITE, 0, 8192, 4096, 0));
-  engine_counts (e, &n);
-  ok (q->op.acked && n.held == 0 && nr_inflight == 1 &&
-      inflight[0]->run->n == 3, "a write past it unplugs the three as one "
-      "run (held %" PRIu64 ", in flight %zu)", n.held, nr_inflight);
-  ok (stats.unplugs[PLUG_UNPLUG_MAX_DELAY] == 1, "counted as max-delay");
-  complete_all (0);
-  close_conn (c, 0);
-  engine_free (e);
-  free_all ();
-}
-
 /* Pieces the layout never makes are refused, not taken in: an empty
  * one, and one whose end passes 2^64.
  */
@@ -2051,7 +2017,6 @@ main (void)
   test_queue_order_chain ();
   test_direct_near_recent ();
   test_direct_rule_large ();
-  test_max_delay_at_submit ();
   test_deadlines_announced ();
   test_record_exact ();
   test_sync_group_commit ();
