@@ -215,7 +215,9 @@ remote_part ()
   done
 }
 
-echo "# bench/wakeups.sh: $id; $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# bench/wakeups.sh: tree $id; plugin $PLUGIN built" \
+     "$(date -u -r "$PLUGIN" '+%Y-%m-%d %H:%M UTC'); $(nproc) CPUs;" \
+     "load $(cut -d' ' -f1-3 /proc/loadavg)"
 for part in $WAKE_PARTS; do
   "${part}_part"
 done
