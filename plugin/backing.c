@@ -103,6 +103,7 @@ backing_open (struct backing *b, const char *name)
   memset (b, 0, sizeof *b);
   b->fd = -1;
   b->min_block = 1;
+  b->run_ns = 2 * BACKING_FAST_RUN_NS;  /* Slow until measured. */
   if (remote_is_uri (name))
     return remote_backing_open (b, name);
   fd = open (name, O_RDWR | O_CLOEXEC);
@@ -400,6 +401,24 @@ backing_one_writer (const struct backing *b)
 {
   return b->remote == NULL && !b->is_block &&
     plug_debug_backend_delay_us == 0;
+}
+
+void
+backing_note_run (struct backing *b, uint64_t ns)
+{
+  uint64_t avg = __atomic_load_n (&b->run_ns, __ATOMIC_RELAXED);
+
+  /* Weight 1/8: a few slow runs in a row make the file slow.  Racing
+   * updates may lose a sample: it is an estimate.
+   */
+  __atomic_store_n (&b->run_ns, avg - avg / 8 + ns / 8, __ATOMIC_RELAXED);
+}
+
+bool
+backing_fast (const struct backing *b)
+{
+  return b->remote == NULL &&
+    __atomic_load_n (&b->run_ns, __ATOMIC_RELAXED) <= BACKING_FAST_RUN_NS;
 }
 
 int

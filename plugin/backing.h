@@ -41,7 +41,28 @@ struct backing {
    */
   bool can_punch;               /* fallocate PUNCH_HOLE works. */
   bool can_zero_range;          /* fallocate ZERO_RANGE works. */
+
+  /* Atomic: how long its runs take to write (a moving average, ns),
+   * measured by the threads that issue them (glue.c).
+   */
+  uint64_t run_ns;
 };
+
+/* Runs of a file that take at most this long on average may be issued
+ * by a thread that is about to wait anyway (the timer thread) rather
+ * than handed to the I/O pool: half the default idle=, so that the
+ * timers it serves are late by no more than that.  (A 1 MiB run to
+ * tmpfs takes 100-300 us on a busy machine.)
+ */
+#define BACKING_FAST_RUN_NS 500000
+
+/* A run of b took ns to write: fold it into b->run_ns. */
+extern void backing_note_run (struct backing *b, uint64_t ns);
+
+/* Does b write its runs fast enough (a local file whose runs take at
+ * most BACKING_FAST_RUN_NS on average)?
+ */
+extern bool backing_fast (const struct backing *b);
 
 /* Open the file (O_RDWR, or O_RDONLY if it cannot be written) and find
  * its size; or connect to the NBD URI (remote_is_uri) and learn what

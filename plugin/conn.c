@@ -419,6 +419,45 @@ submit_wait (struct conn *c, struct request *r)
   return 0;
 }
 
+/* Free c's own memory.  Copies in its arena may outlive it: each chunk
+ * goes with its last copy (arena_fini).
+ */
+static void
+conn_free (struct conn *c)
+{
+  if (c->arena) {
+    arena_fini (c->arena);
+    free (c->arena);
+  }
+  pthread_mutex_destroy (&c->arena_lock);
+  free (c->workers);
+  free (c);
+}
+
+/* Arena chunks at most per connection: 6 of 2 MiB, three times the
+ * default max-bytes=, so that a stream holding max-bytes= of copies (in
+ * up to three chunks, each begun ARENA_SLACK before its first write)
+ * still has a chunk free for what comes next.
+ */
+#define ARENA_CHUNKS_PER_CONN 6
+
+/* Do writeback copies go to an arena?  Only where a merged run would
+ * otherwise be gathered into one buffer: an NBD server takes one
+ * buffer per write (a local file takes pwritev's vector).
+ */
+static bool
+wants_arena (void)
+{
+  size_t i;
+
+  if (cfg.mode != MODE_WRITEBACK)
+    return false;
+  for (i = 0; i < nr_backings; ++i)
+    if (backings[i].remote)
+      return true;
+  return false;
+}
+
 struct conn *
 conn_open (void)
 {
@@ -431,11 +470,18 @@ conn_open (void)
   }
   c->id = __atomic_add_fetch (&next_conn_id, 1, __ATOMIC_RELAXED);
   c->stats.connections = 1;
+  pthread_mutex_init (&c->arena_lock, NULL);
+  if (wants_arena ()) {
+    /* Without one, copies go to request blocks: slower, not wrong. */
+    c->arena = malloc (sizeof *c->arena);
+    if (c->arena)
+      arena_init (c->arena, ARENA_CHUNKS_PER_CONN);
+  }
   c->close_req = request_new (ENG_CLOSE, 0, 0, 0, 0);
   if (c->close_req == NULL) {
     nbdkit_error ("connection %" PRIu64 ": no memory for its close "
                   "request: %m", c->id);
-    free (c);
+    conn_free (c);
     return NULL;
   }
   c->opened_ns = now_ns ();
@@ -451,7 +497,7 @@ conn_open (void)
   if (c->ec == NULL) {
     nbdkit_error ("connection: %m");
     request_free (&c->close_req->op);
-    free (c);
+    conn_free (c);
     return NULL;
   }
   c->phase = CONN_SERVING;
@@ -492,14 +538,18 @@ conn_close (struct conn *c)
     nbdkit_debug ("connection %" PRIu64 ": %s", c->id, line);
     free (line);
   }
+  if (plug_debug_stats && c->arena)
+    nbdkit_debug ("connection %" PRIu64 ": arena: %" PRIu64 " writes "
+                  "placed, %" PRIu64 " not, %u chunks", c->id,
+                  c->arena->placed, c->arena->refused,
+                  c->arena->nr_chunks);
   /* The last connection gone: no worker thread is left to reuse the
    * cache, and nbdkit has freed its threads' buffers.
    */
   if (stats_publish_close (c) == 0)
     request_trim ();
   pthread_cond_destroy (&c->gate_cond);
-  free (c->workers);
-  free (c);
+  conn_free (c);
 }
 
 /* The exit's request, allocated at start (conns_init). */
@@ -627,7 +677,7 @@ speculate_room (const void *data, uint32_t flags, uint32_t count)
 {
   if (!needs_copy (data, flags))
     return 0;
-  return !cfg.direct || last_plugged ? count : 0;
+  return cfg.direct == DIRECT_NEVER || last_plugged ? count : 0;
 }
 
 /* r, a write whose data is still nbdkit's buffer, moved into a block
@@ -637,7 +687,7 @@ speculate_room (const void *data, uint32_t flags, uint32_t count)
  * new block, or NULL after nbdkit_error (r freed too).
  */
 static struct request *
-request_with_copy (struct request *r, const void *data)
+request_with_copy (struct conn *c, struct request *r, const void *data)
 {
   struct request *n = request_alloc (r->op.nr_pieces, r->op.count);
 
@@ -650,6 +700,7 @@ request_with_copy (struct request *r, const void *data)
   n->op.pieces = n->pieces;
   memcpy (n->pieces, r->pieces, r->op.nr_pieces * sizeof *n->pieces);
   request_copy_data (n, data);
+  STATS_ADD (c->stats.bytes_copied, n->op.count);
   request_free (&r->op);
   return n;
 }
@@ -671,18 +722,26 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   bool direct = false, submitted = false, acked = false;
   bool copy = needs_copy (data, r->op.flags);
   bool gather = data && request_needs_gather (r->op.offset, r->op.count);
-  bool copied = (copy || gather) && r->room >= r->op.count;
+  bool copied = r->copy != NULL ||
+                ((copy || gather) && r->room >= r->op.count);
   uint64_t now;
   int ret = 0;
 
   /* conn_pwrite gave a scattered write its room. */
   assert (!gather || copied);
   note_worker (c);
-  if (copied)
-    /* Copied before the lock (speculate_room): whether the write goes
-     * direct or into the plug, one acquisition decides and submits.
+  if (copied) {
+    /* Copied before the lock (into an arena, or speculate_room): whether
+     * the write goes direct or into the plug, one acquisition decides
+     * and submits.
      */
-    request_copy_data (r, data);
+    if (r->copy == NULL) {
+      request_copy_data (r, data);
+      STATS_ADD (c->stats.bytes_copied, r->op.count);
+    }
+    else
+      request_set_data (r, r->copy);
+  }
   else
     request_set_data (r, data);
 
@@ -691,7 +750,7 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   glue_begin (&a);
   pthread_mutex_lock (&eng_lock);
   now = now_ns ();
-  if (cfg.direct)
+  if (cfg.direct != DIRECT_NEVER)
     direct = engine_try_direct (eng, c->ec, &r->op, now, &a.eng);
   if (!direct && (copied || !copy)) {
     /* Writeback acknowledges at once: the data must be our own copy,
@@ -723,7 +782,7 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   }
   if (!direct && !submitted) {
     /* The direct path was expected and refused: copy now. */
-    r = request_with_copy (r, data);
+    r = request_with_copy (c, r, data);
     if (r == NULL)
       return -1;
     r->op.bytes = r->op.count;
@@ -744,16 +803,35 @@ conn_pwrite (struct conn *c, const void *buf, uint32_t count,
 {
   struct request *r;
   uint64_t start = now_ns ();
+  uint32_t flags = fua ? ENG_F_FUA : 0;
+  bool gather = request_needs_gather (offset, count);
+  struct arena_chunk *chunk = NULL;
+  void *slot = NULL;
 
   stats_count (&c->stats.client[STATS_C_WRITE], count);
   if (fua)
     stats_count (&c->stats.client[STATS_C_FUA], count);
-  r = request_new (ENG_WRITE, offset, count, fua ? ENG_F_FUA : 0,
-                   request_needs_gather (offset, count) ? count :
-                   speculate_room (buf, fua ? ENG_F_FUA : 0, count));
-  if (r == NULL)
+  /* A gathered (striped) write is not in the client's order: no slot. */
+  if (c->arena && !gather && needs_copy (buf, flags)) {
+    /* Placed by offset, copied outside the lock: the slot is ours. */
+    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&c->arena_lock);
+    slot = arena_place (c->arena, offset, count, &chunk);
+  }
+  r = request_new (ENG_WRITE, offset, count, flags,
+                   slot ? 0 : gather ? count :
+                   speculate_room (buf, flags, count));
+  if (r == NULL) {
+    if (chunk)
+      arena_put (chunk);
     return -1;
+  }
   count_pieces (c, r);
+  if (slot) {
+    memcpy (slot, buf, count);
+    STATS_ADD (c->stats.bytes_copied, count);
+    r->copy = slot;
+    r->chunk = chunk;
+  }
   if (submit_mutation (c, r, buf, "pwrite") == -1)
     return -1;
   stats_hist_add (&c->stats.latency[STATS_L_WRITE], now_ns () - start);

@@ -27,6 +27,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "arena.h"
 #include "engine.h"
 #include "request.h"
 #include "stats.h"
@@ -79,6 +80,13 @@ struct conn {
   enum reply_gate gate;
   pthread_t gate_owner;         /* The worker that holds the gate. */
   pthread_cond_t gate_cond;     /* Signalled when the gate opens. */
+  /* Writeback copies placed by offset (src/arena.h), so that a merged
+   * run to an NBD server is one buffer: set at open when an NBD server
+   * is a backing file in writeback mode, else NULL.  Protected by
+   * arena_lock (its copies are put by any thread, without it).
+   */
+  struct arena *arena;
+  pthread_mutex_t arena_lock;
 
   /* Atomic counters (any thread). */
   struct plug_stats stats;

@@ -210,7 +210,8 @@ take_syncs (struct glue_actions *a, uint32_t inline_runs)
   a->eng.sync_tail = &a->eng.sync;
   for (s = list; s != NULL; s = next) {
     next = s->next;
-    if (inline_runs == GLUE_INLINE_NONE && iopool_submit_sync (s))
+    if ((inline_runs == GLUE_INLINE_NONE ||
+         inline_runs == GLUE_INLINE_FAST) && iopool_submit_sync (s))
       continue;
     s->next = mine;
     mine = s;
@@ -248,6 +249,19 @@ to_pool (struct eng_run *r)
     return true;
   STATS_ADD (*pooled, UINT64_MAX);      /* Not handed over after all. */
   return false;
+}
+
+/* Write local run r to b now, measuring how long it takes
+ * (backing_note_run).  Returns 0 or an errno.
+ */
+static int
+issue_timed (struct backing *b, struct eng_run *r)
+{
+  uint64_t t0 = now_ns ();
+  int err = backing_issue_run (b, r->run) == 0 ? 0 : errno;
+
+  backing_note_run (b, now_ns () - t0);
+  return err;
 }
 
 void
@@ -298,7 +312,8 @@ glue_perform (struct glue_actions *a, uint32_t inline_runs)
           complete_into (a, r, err);
         continue;
       }
-      if (mine == NULL && inline_runs > 0) {
+      if (mine == NULL && inline_runs > 0 &&
+          (inline_runs != GLUE_INLINE_FAST || backing_fast (b))) {
         /* This thread's first run, and with it every other run of this
          * list to the same file if the kernel would make them take
          * turns anyway: one thread writing them in a row does the same
@@ -306,7 +321,9 @@ glue_perform (struct glue_actions *a, uint32_t inline_runs)
          * lock's spinning (the kernel's submitter issues its whole plug
          * list itself, blk_mq_flush_plug_list).
          */
-        if (inline_runs != GLUE_INLINE_ALL)
+        if (inline_runs == GLUE_INLINE_FAST)
+          inline_runs = GLUE_INLINE_NONE;
+        else if (inline_runs != GLUE_INLINE_ALL)
           inline_runs--;
         if (backing_one_writer (b))
           strand = b;
@@ -322,8 +339,7 @@ glue_perform (struct glue_actions *a, uint32_t inline_runs)
     mine = r->issue_next;
     if (mine == NULL)
       mine_tail = &mine;
-    err = backing_issue_run (&backings[r->run->backing], r->run) == 0
-      ? 0 : errno;
+    err = issue_timed (&backings[r->run->backing], r);
     complete_into (a, r, err);
   }
 }

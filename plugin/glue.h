@@ -13,8 +13,9 @@
  * flushes its own plug; no hand-off for the common case), and hands the
  * rest to the I/O pool (iopool.h), so that a slow backend pays its
  * per-operation latency in parallel; a pool thread goes on with the
- * runs its completion unblocked; the timer thread issues nothing
- * itself.
+ * runs its completion unblocked; the timer thread, which is about to
+ * wait anyway, issues the runs of its unplugs to a fast local file
+ * itself (backing_fast) rather than wake a pool thread for them.
  *
  * A run for a remote backing (file=nbd://...) is never issued by the
  * thread that got it: it is queued to its remote's loop (remote.h),
@@ -83,9 +84,13 @@ struct glue_actions {
 };
 
 /* How many runs the caller of glue_perform issues itself. */
-#define GLUE_INLINE_NONE 0      /* The timer thread, a remote's loop. */
+#define GLUE_INLINE_NONE 0      /* A remote's loop (never blocks). */
 #define GLUE_INLINE_ONE 1       /* An nbdkit worker. */
 #define GLUE_INLINE_ALL UINT32_MAX      /* A pool thread. */
+#define GLUE_INLINE_FAST (UINT32_MAX - 1)       /* The timer thread: as
+                                 * ONE, for a file whose runs are fast
+                                 * (backing_fast), else NONE; syncs go
+                                 * to the pool. */
 
 /* Before an engine call: empty action lists. */
 extern void glue_begin (struct glue_actions *a);

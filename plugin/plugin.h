@@ -39,6 +39,17 @@ enum plug_mode {
   MODE_HOLD,                    /* Acknowledge once the backend did it. */
 };
 
+/* direct=: which requests skip the plug (conn.c, the direct path). */
+enum plug_direct {
+  DIRECT_NEVER,                 /* None: everything is plugged. */
+  DIRECT_AUTO,                  /* What cannot merge, to a backing file
+                                 * that writes it about as fast as the
+                                 * plug copies it (a local file); to an
+                                 * NBD server in writeback mode only
+                                 * direct-size= requests. */
+  DIRECT_ALWAYS,                /* What cannot merge, to any file. */
+};
+
 struct config {
   enum plug_mode mode;
   uint64_t idle_ns;             /* 0: unplug when the queue is drained. */
@@ -46,8 +57,7 @@ struct config {
   struct plug_limits lim;
   unsigned max_inflight;
   unsigned io_threads;          /* Threads issuing runs (iopool). */
-  bool direct;                  /* direct=auto: unmergeable requests skip
-                                 * the plug (conn.c, direct path). */
+  enum plug_direct direct;
   uint64_t direct_min;          /* direct-size=: so do requests this
                                  * large. */
   struct retry_policy retry;

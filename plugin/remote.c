@@ -119,9 +119,19 @@ struct rcmd {
   bool zero_by_write;           /* RC_RUN zero: the server has no zero. */
   uint32_t flags;               /* LIBNBD_CMD_FLAG_*. */
   uint64_t offset, count;
-  char *buf;                    /* Write source, read destination. */
+  char *buf;                    /* Write source, read destination
+                                 * (unless nr_segs > 0). */
   void *bounce;                 /* Owned: a merged run's data, in one
                                  * piece (libnbd takes one buffer). */
+  size_t nr_segs;               /* RC_RUN write whose members lie in a
+                                 * few pieces of memory (arena.h): sent
+                                 * as one command per piece, each from
+                                 * segs[i].buf for the offsets from
+                                 * segs[i].offset to the next one's. */
+  struct rseg {
+    uint64_t offset;
+    char *buf;
+  } segs[REMOTE_RUN_SEGS];
   struct remote_wait *wait;     /* Not RC_RUN. */
   struct remote_extent *ext;    /* RC_EXTENTS: the caller's array. */
   size_t max_ext;
@@ -131,6 +141,7 @@ struct rcmd {
   struct rconn *conn;
   unsigned pending;             /* NBD commands not answered. */
   int err;                      /* First error the server answered. */
+  unsigned nr_errors;           /* Commands the server failed. */
   bool died;                    /* A command died with its connection. */
   size_t nr_ext;
   uint64_t ext_covered;
@@ -761,6 +772,46 @@ cmd_free (struct rcmd *cmd)
   free (cmd);
 }
 
+/* The segment of cmd (nr_segs > 0) that holds off. */
+static const struct rseg *
+seg_of (const struct rcmd *cmd, uint64_t off)
+{
+  size_t i = cmd->nr_segs;
+
+  while (i > 1 && cmd->segs[i - 1].offset > off)
+    i--;
+  return &cmd->segs[i - 1];
+}
+
+/* The data of cmd at off (NULL for a command without). */
+static char *
+buf_at (const struct rcmd *cmd, uint64_t off)
+{
+  const struct rseg *g;
+
+  if (cmd->nr_segs == 0)
+    return cmd->buf ? cmd->buf + (off - cmd->offset) : NULL;
+  g = seg_of (cmd, off);
+  return g->buf + (off - g->offset);
+}
+
+/* len, cut at the end of the segment that holds off: one NBD command
+ * takes one buffer.
+ */
+static uint64_t
+seg_len (const struct rcmd *cmd, uint64_t off, uint64_t len)
+{
+  const struct rseg *g;
+  uint64_t end;
+
+  if (cmd->nr_segs == 0)
+    return len;
+  g = seg_of (cmd, off);
+  end = g + 1 < cmd->segs + cmd->nr_segs ? g[1].offset
+    : cmd->offset + cmd->count;
+  return MIN (len, end - off);
+}
+
 /* The longest NBD command this rcmd may be split into. */
 static uint64_t
 chunk_limit (const struct remote *r, const struct rcmd *cmd)
@@ -808,7 +859,7 @@ static int64_t
 issue_one (struct remote *r, struct nbd_handle *h, struct rcmd *cmd,
            uint64_t off, uint64_t len, const nbd_completion_callback *cb)
 {
-  char *buf = cmd->buf ? cmd->buf + (off - cmd->offset) : NULL;
+  char *buf = buf_at (cmd, off);
   nbd_extent_callback ecb = { .callback = extent_cb, .user_data = cmd };
   uint32_t fua = cmd->flags & LIBNBD_CMD_FLAG_FUA;
 
@@ -1139,7 +1190,7 @@ issue_blocking (struct remote *r, struct rcmd *cmd)
   if (cmd->kind == RC_EXTENTS)
     left = MIN (left, lim);
   while (left > 0) {
-    uint64_t len = MIN (left, lim);
+    uint64_t len = seg_len (cmd, off, MIN (left, lim));
 
     if (issue_one (r, h, cmd, off, len, NULL) == -1) {
       int err = nbd_get_errno ();
@@ -1164,6 +1215,9 @@ run_blocking (struct remote *r, struct rcmd *cmd)
   uint64_t mark = __atomic_load_n (&r->mutations, __ATOMIC_SEQ_CST);
   int err = issue_blocking (r, cmd);
 
+  if (cmd->kind == RC_RUN && err == 0 && cmd->nr_segs > 1)
+    STATS_ADD (engine_run_stats (cmd->run)->backend[STATS_B_WRITE].ops,
+               cmd->nr_segs - 1);       /* As finish_done. */
   if (cmd->kind == RC_RUN)
     note_mutation (r, cmd, err);
   else if (cmd->kind == RC_FLUSH && err == 0)
@@ -1246,8 +1300,11 @@ done_cb (void *user_data, int *error)
      */
     if (*error == ENOTCONN || *error == ESHUTDOWN)
       cmd->died = true;
-    else if (cmd->err == 0)
-      cmd->err = *error;
+    else {
+      if (cmd->err == 0)
+        cmd->err = *error;
+      cmd->nr_errors++;
+    }
   }
   assert (cmd->pending > 0);
   if (--cmd->pending == 0)
@@ -1418,6 +1475,7 @@ issue (struct remote *r, struct rconn *c, struct rcmd *cmd)
 
   cmd->conn = c;
   cmd->err = 0;
+  cmd->nr_errors = 0;
   cmd->died = false;
   cmd->retry_at_ns = 0;
   cmd->flush_mark = __atomic_load_n (&r->mutations, __ATOMIC_SEQ_CST);
@@ -1441,7 +1499,7 @@ issue (struct remote *r, struct rconn *c, struct rcmd *cmd)
    */
   cmd->pending = 1;
   while (left > 0) {
-    uint64_t len = MIN (left, lim);
+    uint64_t len = seg_len (cmd, off, MIN (left, lim));
 
     cmd->pending++;
     if (issue_one (r, c->nbd, cmd, off, len, &cb) == -1) {
@@ -1521,6 +1579,17 @@ finish_done (struct remote *r)
        */
       if (err == 0 && cmd->died)
         err = EAGAIN;
+      /* The engine counts the run as one backend write: the server got
+       * one per segment.
+       */
+      if (err == 0 && cmd->nr_segs > 1)
+        STATS_ADD (engine_run_stats (cmd->run)->backend[STATS_B_WRITE].ops,
+                   cmd->nr_segs - 1);
+      /* The engine counts one "not now" for the run: the server gave
+       * one per command it refused.
+       */
+      if (retry_is_transient (err) && cmd->nr_errors > 1)
+        STATS_ADD (engine_run_stats (cmd->run)->eagain, cmd->nr_errors - 1);
       note_mutation (r, cmd, err);
       batch_add (r, cmd->run, err);
       cmd_free (cmd);
@@ -2081,6 +2150,38 @@ enqueue (struct remote *r, struct rcmd *cmd, int *err)
   return false;
 }
 
+/* Write run's members as they lie in memory: one buffer when each
+ * member's data follows the one before it (an arena's copies of a
+ * stream, or a run of one), else at most max_segs buffers, each sent
+ * as a command of its own.  False when they lie in more pieces: gather
+ * them then.
+ */
+static bool
+run_segments (struct rcmd *cmd, const struct plug_run *run, size_t max_segs)
+{
+  size_t i, n = 0;
+  const char *end = NULL;
+  uint64_t off = run->offset;
+
+  for (i = 0; i < run->n; off += run->reqs[i]->count, ++i) {
+    if (run->reqs[i]->buf == end) {
+      end += run->reqs[i]->count;
+      continue;
+    }
+    if (n == max_segs)
+      return false;
+    cmd->segs[n].offset = off;
+    cmd->segs[n++].buf = (char *) run->reqs[i]->buf;
+    end = (const char *) run->reqs[i]->buf + run->reqs[i]->count;
+  }
+  if (n == 1) {
+    cmd->buf = cmd->segs[0].buf;
+    n = 0;
+  }
+  cmd->nr_segs = n;
+  return true;
+}
+
 bool
 remote_submit (struct remote *r, struct eng_run *er, int *err)
 {
@@ -2149,27 +2250,29 @@ remote_submit (struct remote *r, struct eng_run *er, int *err)
     cmd->seq_lo = MIN (cmd->seq_lo, run->reqs[i]->seq);
     cmd->seq_hi = MAX (cmd->seq_hi, run->reqs[i]->seq);
   }
-  if (run->op == PLUG_OP_WRITE) {
-    if (run->n == 1)
-      cmd->buf = (char *) run->reqs[0]->buf;
-    else {
-      char *p;
+  /* A FUA write is one command: each FUA command costs the server a
+   * sync of its own.
+   */
+  if (run->op == PLUG_OP_WRITE &&
+      !run_segments (cmd, run, flags & LIBNBD_CMD_FLAG_FUA ? 1
+                     : REMOTE_RUN_SEGS)) {
+    char *p;
 
-      /* libnbd sends one buffer per command: gather the members (this
-       * thread, not the loop, pays the copy).  No memory is "not now".
-       */
-      p = cmd->bounce = malloc (run->count);
-      if (p == NULL) {
-        cmd_free (cmd);
-        *err = ENOMEM;
-        return false;
-      }
-      for (i = 0; i < run->n; ++i) {
-        memcpy (p, run->reqs[i]->buf, run->reqs[i]->count);
-        p += run->reqs[i]->count;
-      }
-      cmd->buf = cmd->bounce;
+    /* libnbd sends one buffer per command: gather the members (this
+     * thread, not the loop, pays the copy).  No memory is "not now".
+     */
+    p = cmd->bounce = malloc (run->count);
+    if (p == NULL) {
+      cmd_free (cmd);
+      *err = ENOMEM;
+      return false;
     }
+    for (i = 0; i < run->n; ++i) {
+      memcpy (p, run->reqs[i]->buf, run->reqs[i]->count);
+      p += run->reqs[i]->count;
+    }
+    STATS_ADD (engine_run_stats (er)->bytes_copied, run->count);
+    cmd->buf = cmd->bounce;
   }
   return enqueue (r, cmd, err);
 }

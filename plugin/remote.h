@@ -67,6 +67,12 @@
 /* Most handles per remote (remote-connections= upper bound). */
 #define REMOTE_MAX_CONNS 16
 
+/* A merged write whose members lie in at most this many pieces of
+ * memory is sent as one NBD command per piece; in more, it is gathered
+ * into one buffer first (a second copy of its data).
+ */
+#define REMOTE_RUN_SEGS 4
+
 struct remote;
 
 /* What the server advertised at the first connection.  Read-only once

@@ -143,6 +143,10 @@ request_alloc (size_t nr_pieces, size_t room)
 void
 request_free (struct eng_op *op)
 {
+  struct request *r = (struct request *) op;
+
+  if (r->chunk)
+    arena_put (r->chunk);
   free (op);
 }
 
@@ -155,7 +159,7 @@ request_recycle_locked (struct eng_actions *a)
     struct request *r = (struct request *) op;
 
     next = op->release_next;
-    if (r->cls >= 0 && cache_len[r->cls] < CACHE_SLOTS &&
+    if (r->cls >= 0 && r->chunk == NULL && cache_len[r->cls] < CACHE_SLOTS &&
         __atomic_load_n (&kept_bytes, __ATOMIC_RELAXED) +
         class_size (r->cls) <= cfg.lim.max_bytes) {
       __atomic_add_fetch (&kept_bytes, class_size (r->cls),

@@ -27,12 +27,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "arena.h"
 #include "engine.h"
 
 struct request {
   struct eng_op op;             /* First: request_free takes an op. */
   void *copy;                   /* The writeback copy in the block's
-                                 * room, or NULL. */
+                                 * room or in an arena chunk, or NULL. */
+  struct arena_chunk *chunk;    /* The arena chunk of copy, or NULL: put
+                                 * when the request is freed. */
   int cls;                      /* Size class, or -1: never recycled. */
   size_t room;                  /* Bytes of data room after the pieces. */
   struct plug_req pieces[];     /* op.pieces points here. */

@@ -107,6 +107,7 @@ struct eng_file {
                                                  * order they go out. */
   unsigned inflight;
   unsigned max_inflight;
+  enum eng_direct_rule direct_rule;
   uint64_t nr_queued;
   enum file_state state;
   uint64_t delay_until;
@@ -436,6 +437,7 @@ engine_new (const struct eng_config *cfg)
     struct eng_file *f = &e->files[b];
 
     f->max_inflight = cfg->max_inflight;
+    f->direct_rule = ENG_DIRECT_UNMERGED;
     itree_init (&f->index, cfg->seed + b);
     /* THE RECORD must take a loss whenever one happens, memory or
      * not: its room is taken now (span_add never allocates).
@@ -459,6 +461,14 @@ engine_set_max_inflight (struct engine *e, uint32_t b, unsigned n)
 {
   assert (b < e->cfg.nr_backings && n > 0);
   e->files[b].max_inflight = n;
+}
+
+void
+engine_set_direct_rule (struct engine *e, uint32_t b,
+                        enum eng_direct_rule rule)
+{
+  assert (b < e->cfg.nr_backings);
+  e->files[b].direct_rule = rule;
 }
 
 static void
@@ -1928,20 +1938,34 @@ near_recent (struct engine *e, struct eng_conn *c, uint64_t offset,
   return near;
 }
 
+/* Does every file of op's (valid) pieces let the direct path take what
+ * cannot merge?
+ */
+static bool
+unmerged_direct (const struct engine *e, const struct eng_op *op)
+{
+  size_t i;
+
+  for (i = 0; i < op->nr_pieces; ++i)
+    if (e->files[op->pieces[i].backing].direct_rule != ENG_DIRECT_UNMERGED)
+      return false;
+  return true;
+}
+
 bool
 engine_try_direct (struct engine *e, struct eng_conn *c, struct eng_op *op,
                    uint64_t now, struct eng_actions *out)
 {
-  bool near;
+  bool near, large;
 
   assert (op->kind == ENG_WRITE || op->kind == ENG_ZERO ||
           op->kind == ENG_TRIM);
   near = near_recent (e, c, op->offset, op->count);
-  if (e->cfg.direct_min > 0 && op->count >= e->cfg.direct_min)
-    near = false;
-  if (!e->cfg.direct || near || (op->flags & ENG_F_FAST) ||
+  large = e->cfg.direct_min > 0 && op->count >= e->cfg.direct_min;
+  if (!e->cfg.direct || (near && !large) || (op->flags & ENG_F_FAST) ||
       e->state != ENGINE_RUNNING || c->state != CONN_OPEN ||
-      c->mem_wait.head != NULL || !pieces_valid (e, op))
+      c->mem_wait.head != NULL || !pieces_valid (e, op) ||
+      (!large && !unmerged_direct (e, op)))
     return false;
   prepare_pieces (c, op, now);
   if (!can_issue_now (e, op))

@@ -297,6 +297,30 @@ extern void engine_set_max_inflight (struct engine *e, uint32_t b,
                                      unsigned n)
   __attribute__ ((__nonnull__ (1)));
 
+/* Which requests of a backing file the direct path may take
+ * (engine_try_direct), where cfg.direct allows it.
+ */
+enum eng_direct_rule {
+  ENG_DIRECT_UNMERGED,          /* What cannot merge at once, and what is
+                                 * at least cfg.direct_min: a file that
+                                 * writes a request in about the time a
+                                 * copy takes (a local file). */
+  ENG_DIRECT_LARGE,             /* Only what is at least cfg.direct_min:
+                                 * a file whose every operation costs far
+                                 * more than a copy (a remote server's
+                                 * round trip), where acknowledging from
+                                 * the plug and writing with the file's
+                                 * parallelism pays even for a request
+                                 * that merges with nothing. */
+};
+
+/* Backing file b's direct rule (default ENG_DIRECT_UNMERGED).
+ * Context: before the first connection.
+ */
+extern void engine_set_direct_rule (struct engine *e, uint32_t b,
+                                    enum eng_direct_rule rule)
+  __attribute__ ((__nonnull__ (1)));
+
 /* A new connection; its statistics are counted into *stats (borrowed:
  * must outlive the connection).  Returns NULL with errno (ENOMEM, or
  * ESHUTDOWN after engine_submit of ENG_SHUTDOWN).
@@ -337,7 +361,9 @@ extern void engine_conn_set_workers (struct engine *e, struct eng_conn *c,
 /* The direct path: may op (a write, zero or trim whose data the caller
  * has not copied) be written at once, without entering the plug?  It
  * may when it continues none of c's recent requests (so it could not
- * merge), overlaps nothing unfinished, and its files have free slots.
+ * merge) and every file of its pieces has the rule ENG_DIRECT_UNMERGED,
+ * or it is at least cfg.direct_min; and it overlaps nothing unfinished,
+ * and its files have free slots.
  * If so, returns true: op is admitted, its runs are on out->issue and
  * the client waits for the answer (the data stays the caller's until
  * then).  Otherwise returns false and nothing changed but c's memory

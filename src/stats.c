@@ -40,6 +40,7 @@ stats_merge (struct plug_stats *into, const struct plug_stats *from)
   into->pooled += from->pooled;
   into->pieces += from->pieces;
   into->max_pieces = MAX (into->max_pieces, from->max_pieces);
+  into->bytes_copied += from->bytes_copied;
   into->largest_requests = MAX (into->largest_requests,
                                 from->largest_requests);
   into->largest_bytes = MAX (into->largest_bytes, from->largest_bytes);
@@ -252,6 +253,7 @@ fields_json (FILE *fp, const struct plug_stats *s, const char *ind)
   fprintf (fp, "%s\"pieces\": { \"total\": %" PRIu64
            ", \"max_per_request\": %" PRIu64 " },\n",
            ind, s->pieces, s->max_pieces);
+  fprintf (fp, "%s\"bytes_copied\": %" PRIu64 ",\n", ind, s->bytes_copied);
   fprintf (fp, "%s\"largest_plug\": { \"requests\": %" PRIu64
            ", \"bytes\": %" PRIu64 " },\n", ind,
            s->largest_requests, s->largest_bytes);

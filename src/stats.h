@@ -69,6 +69,10 @@ struct plug_stats {
   uint64_t unplugs[PLUG_NR_REASONS];
   uint64_t direct;              /* Requests that could not merge and were
                                  * written without entering the plug. */
+  uint64_t bytes_copied;        /* Client data copied inside the plug:
+                                 * writeback's copy of a write, and the
+                                 * gathering of a merged run into one
+                                 * buffer for an NBD server. */
   uint64_t pooled;              /* Hand-offs of local runs to the I/O
                                  * pool (io-threads=), not issued by the
                                  * thread that made them; a retried run

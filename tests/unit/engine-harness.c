@@ -148,6 +148,7 @@ uint64_t make_max_delay_ns = 60000 * MS;
 
 unsigned make_max_requests = 256;
 bool make_direct = false;
+uint64_t make_direct_min = 0;
 
 struct engine *
 make (enum eng_mode mode, unsigned max_inflight, uint64_t max_bytes,
@@ -162,6 +163,7 @@ make (enum eng_mode mode, unsigned max_inflight, uint64_t max_bytes,
              .max_merge = 1 << 20, .max_iov = 1024 },
     .max_inflight = max_inflight,
     .direct = make_direct,
+    .direct_min = make_direct_min,
     .retry = { .delay_ns = 3 * MS, .max_delay_ns = 100 * MS,
                .timeout_ns = 1000 * MS },
   };

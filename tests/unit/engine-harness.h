@@ -85,6 +85,7 @@ extern unsigned long nr_answers;
 extern uint64_t make_max_delay_ns;
 extern unsigned make_max_requests;
 extern bool make_direct;
+extern uint64_t make_direct_min;       /* direct-size=, 0: off. */
 
 /* The statistics every connection counts into. */
 extern struct plug_stats stats;

@@ -484,6 +484,73 @@ test_direct_near_recent (void)
   free_all ();
 }
 
+static struct req *mkreq_across (enum eng_kind kind, uint64_t len,
+                                 uint32_t flags);
+
+/* Would the direct path take q (not yet submitted)?  Then it is
+ * completed, else submitted to the plug.
+ */
+static bool
+takes_direct (struct eng_conn *c, struct req *q)
+{
+  struct eng_actions a;
+  bool direct;
+
+  eng_actions_init (&a);
+  direct = engine_try_direct (e, c, &q->op, now, &a);
+  perform (&a);
+  if (!direct)
+    submit (c, q);
+  return direct;
+}
+
+/* A file whose rule is ENG_DIRECT_LARGE (an NBD server, in writeback
+ * mode) gets only direct-size= requests on the direct path: a request
+ * that merges with nothing is acknowledged from the plug like the
+ * rest.  Its neighbour file keeps the nearness rule.
+ */
+static void
+test_direct_rule_large (void)
+{
+  const uint64_t G = 1 << 30;
+  struct eng_conn *c;
+  struct req *q;
+  struct eng_counts n;
+
+  memset (&stats, 0, sizeof stats);
+  make_direct = true;
+  make_direct_min = 65536;
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 2);
+  make_direct = false;
+  make_direct_min = 0;
+  engine_set_direct_rule (e, 1, ENG_DIRECT_LARGE);
+  c = conn ();
+
+  ok (takes_direct (c, mkreq (ENG_WRITE, 0, 0, 4096, 0)),
+      "a first write to the local-like file goes direct");
+  q = mkreq (ENG_WRITE, 1, G, 4096, 0);
+  q->op.offset = 2 * G;         /* Far from every recent request. */
+  ok (!takes_direct (c, q) && q->op.acked,
+      "a write far from all to the large-only file is plugged and "
+      "acknowledged");
+  engine_counts (e, &n);
+  ok (n.held == 1 && nr_inflight == 1, "it is held (%" PRIu64 "), the "
+      "direct one in flight (%zu)", n.held, nr_inflight);
+  q = mkreq (ENG_WRITE, 1, 3 * G, 65536, 0);
+  q->op.offset = 5 * G;
+  ok (takes_direct (c, q), "a direct-size= write to the large-only file "
+      "goes direct");
+  q = mkreq_across (ENG_WRITE, 4096, 0);
+  q->op.offset = 7 * G;
+  ok (!takes_direct (c, q), "a small write over both files is plugged: "
+      "one of them takes only large requests");
+  ok (stats.direct == 2, "the two direct ones are counted (%" PRIu64 ")",
+      stats.direct);
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
 /* Pieces the layout never makes are refused, not taken in: an empty
  * one, and one whose end passes 2^64.
  */
@@ -2077,6 +2144,7 @@ main (void)
   test_queue_order_large_batches ();
   test_queue_order_chain ();
   test_direct_near_recent ();
+  test_direct_rule_large ();
   test_deadlines_announced ();
   test_record_exact ();
   test_sync_group_commit ();

@@ -56,6 +56,7 @@ fill (struct plug_stats *s, uint64_t base)
   s->eagain = base + 6;
   s->timer_fired = base + 7;
   s->gave_up = base + 8;
+  s->bytes_copied = base + 40;
   s->errors = base + 9;
 }
 
@@ -97,6 +98,7 @@ test_merge (void)
   ok (a.eagain == 1006 + 11 && a.timer_fired == 1007 + 12 &&
       a.gave_up == 1008 + 13 && a.errors == 1009 + 14,
       "retry counters summed");
+  ok (a.bytes_copied == 1040 + 45, "bytes_copied summed");
 
   /* Merging into zeros copies. */
   {
@@ -161,6 +163,7 @@ test_json (void)
             30 + PLUG_UNPLUG_OVERLAP);
   ok (strstr (j, needle) != NULL, "json has unplug reasons");
   ok (strstr (j, "\"gave_up\": 8") != NULL, "json has retry counters");
+  ok (strstr (j, "\"bytes_copied\": 40,") != NULL, "json has bytes_copied");
   ok (j[0] == '{' && j[strlen (j) - 1] == '\n' && j[strlen (j) - 2] == '}',
       "json is one object");
 
