@@ -40,6 +40,7 @@
 #include "minmax.h"
 #include "parse.h"
 #include "plugin.h"
+#include "ratelimit.h"
 #include "remote.h"
 #include "request.h"
 #include "vector.h"
@@ -184,30 +185,110 @@ inject_eagain (void)
 
 static uint64_t start_ns;                    /* .get_ready's now_ns. */
 
+/* A stats-file= that cannot be written (its directory removed, the
+ * file system full) fails at every report, every stats-interval= for
+ * as long as a connection stays open: the first failure is logged at
+ * once, later ones at most once a minute with the count (at the
+ * default 2s that is 30 reports a line, not 43,200 lines a day), and
+ * the first report written after them says so.  Each failure not
+ * logged as an error is a debug line (nbdkit -v).
+ */
+#define STATS_ERROR_INTERVAL_NS (60 * 1000000000ULL)
+
+enum stats_file_state {
+  STATS_FILE_WRITTEN,           /* The last report was written, or none
+                                 * was tried yet. */
+  STATS_FILE_FAILING,           /* The last report could not be written. */
+};
+
+static struct {
+  enum stats_file_state state;
+  uint64_t failed;              /* Reports not written since the last one
+                                 * written. */
+  struct ratelimit log;
+} stats_health;                 /* Protected by stats_lock. */
+
+/* A report could not be written: "what" failed with errno err (path,
+ * when given, is the file it was done to).  Caller holds stats_lock.
+ */
+static void
+stats_file_failed_locked (const char *what, const char *path, int err)
+{
+  uint64_t suppressed;
+
+  stats_health.state = STATS_FILE_FAILING;
+  stats_health.failed++;
+  errno = err;
+  if (!ratelimit_allow_every (&stats_health.log, now_ns (),
+                              STATS_ERROR_INTERVAL_NS, &suppressed))
+    nbdkit_debug ("stats-file=%s: report not written: %s%s%s: %m "
+                  "(%" PRIu64 " since the last one written)",
+                  statsfile, what, path ? " " : "", path ? path : "",
+                  stats_health.failed);
+  else if (suppressed > 0)
+    nbdkit_error ("stats-file=%s: report not written: %s%s%s: %m "
+                  "(and %" PRIu64 " more since the last message)",
+                  statsfile, what, path ? " " : "", path ? path : "",
+                  suppressed);
+  else
+    nbdkit_error ("stats-file=%s: report not written: %s%s%s: %m",
+                  statsfile, what, path ? " " : "", path ? path : "");
+}
+
+/* A report was written.  Caller holds stats_lock. */
+static void
+stats_file_written_locked (void)
+{
+  if (stats_health.state == STATS_FILE_FAILING)
+    nbdkit_error ("stats-file=%s: written again, after %" PRIu64
+                  " reports that could not be written",
+                  statsfile, stats_health.failed);
+  stats_health.state = STATS_FILE_WRITTEN;
+  stats_health.failed = 0;
+  /* The next failure is news: log it at once. */
+  stats_health.log = (struct ratelimit) { 0 };
+}
+
 /* Write text to stats-file= atomically (temporary file + rename), so a
- * reader never sees half a file.  Caller holds stats_lock.
+ * reader never sees half a file.  Caller holds stats_lock (not
+ * eng_lock: a slow or failing file system delays only the next report).
  */
 static void
 replace_statsfile_locked (const char *text)
 {
   CLEANUP_FREE char *tmp = NULL;
   FILE *fp;
+  int err;
 
   if (asprintf (&tmp, "%s.tmp", statsfile) == -1) {
-    nbdkit_error ("stats-file=%s: %m", statsfile);
+    stats_file_failed_locked ("asprintf", NULL, errno);
     return;
   }
   fp = fopen (tmp, "w");
   if (fp == NULL) {
-    nbdkit_error ("stats-file=%s: %m", tmp);
+    stats_file_failed_locked ("create", tmp, errno);
     return;
   }
-  if (fputs (text, fp) == EOF || fclose (fp) == EOF) {
-    nbdkit_error ("stats-file=%s: write: %m", tmp);
+  if (fputs (text, fp) == EOF) {
+    err = errno;
+    fclose (fp);
+    unlink (tmp);
+    stats_file_failed_locked ("write", tmp, err);
     return;
   }
-  if (rename (tmp, statsfile) == -1)
-    nbdkit_error ("stats-file=%s: rename: %m", statsfile);
+  if (fclose (fp) == EOF) {
+    err = errno;
+    unlink (tmp);
+    stats_file_failed_locked ("write", tmp, err);
+    return;
+  }
+  if (rename (tmp, statsfile) == -1) {
+    err = errno;
+    unlink (tmp);
+    stats_file_failed_locked ("rename to", statsfile, err);
+    return;
+  }
+  stats_file_written_locked ();
 }
 
 /* How a report counts the connections still open. */
@@ -243,7 +324,7 @@ write_statsfile_locked (const char *written_at,
     return;
   flive = calloc (nr_backings ? nr_backings : 1, sizeof *flive);
   if (flive == NULL || conns_live (&r, flive, &open_sum, &conns) == -1) {
-    nbdkit_error ("stats-file=%s: %m", statsfile);
+    stats_file_failed_locked ("gather the figures", NULL, errno);
     return;
   }
   /* After the engine's snapshot: no acknowledgement in it is newer. */
@@ -263,7 +344,7 @@ write_statsfile_locked (const char *written_at,
   }
   json = stats_report_json (&r);
   if (json == NULL) {
-    nbdkit_error ("stats-file=%s: %m", statsfile);
+    stats_file_failed_locked ("format the report", NULL, errno);
     return;
   }
   replace_statsfile_locked (json);
