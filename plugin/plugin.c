@@ -106,6 +106,13 @@ NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
  * nothing.
  */
 #define DEFAULT_STATS_INTERVAL_NS 2000000000ULL /* 2 s */
+/* Below this the timer thread, the one that also unplugs on idle= and
+ * max-delay=, would spend its time rewriting the file (1ns measured at
+ * a quarter of a core with one idle connection), and no reader of the
+ * file looks that often.
+ */
+#define STATS_INTERVAL_MIN_NS     100000000ULL /* 100 ms */
+#define STATS_INTERVAL_MIN_TEXT   "100ms"
 #define DEFAULT_REMOTE_CONNECTIONS      4
 #define DEFAULT_REMOTE_QUEUE_DEPTH     64
 /* One attempt to connect to an NBD server (TCP connect, TLS and NBD
@@ -747,8 +754,18 @@ plugin_config (const char *key, const char *value)
                     value, r ? "no" : "yes");
     cfg.shared = lock ? !r : r;
   }
-  else if (strcmp (key, "stats-interval") == 0)
-    return parse_duration_param (key, value, &cfg.stats_interval_ns);
+  else if (strcmp (key, "stats-interval") == 0) {
+    if (parse_duration_param (key, value, &cfg.stats_interval_ns) == -1)
+      return -1;
+    if (cfg.stats_interval_ns > 0 &&
+        cfg.stats_interval_ns < STATS_INTERVAL_MIN_NS) {
+      nbdkit_error ("stats-interval=%s: must be 0 (reports only at close "
+                    "and exit) or at least %s: the timer thread that "
+                    "writes the reports also unplugs", value,
+                    STATS_INTERVAL_MIN_TEXT);
+      return -1;
+    }
+  }
   else if (strcmp (key, "stats-file") == 0) {
     /* The file need not exist yet: make the directory absolute. */
     free (statsfile);
@@ -1312,7 +1329,8 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   "lock=BOOL               Lock the files against other processes (yes).\n" \
   "stats-file=PATH         Write JSON statistics here.\n" \
   "stats-interval=DURATION Rewrite stats-file= this often while connections\n" \
-  "                        are open (2s; 0: only at close and exit)."
+  "                        are open (2s; at least 100ms; 0: only at close\n" \
+  "                        and exit)."
 
 static struct nbdkit_plugin plugin = {
   .name = "plug",
