@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -923,6 +924,45 @@ check_alignment (void)
   return 0;
 }
 
+/* Refuse a stats-file= that no report could replace now, not at the
+ * first close: a directory (rename(2) fails with EISDIR at every
+ * report), anything else that is not a regular file (a device or FIFO
+ * would be replaced by the report), a directory we cannot create
+ * PATH.tmp in.
+ */
+static int
+check_statsfile (void)
+{
+  CLEANUP_FREE char *tmp = NULL;
+  struct stat st;
+  int fd;
+
+  if (stat (statsfile, &st) == 0) {
+    if (S_ISDIR (st.st_mode)) {
+      nbdkit_error ("stats-file=%s: is a directory: name a file, such as "
+                    "%s/plug-stats.json", statsfile, statsfile);
+      return -1;
+    }
+    if (!S_ISREG (st.st_mode)) {
+      nbdkit_error ("stats-file=%s: exists and is not a regular file: "
+                    "every report replaces it (by rename)", statsfile);
+      return -1;
+    }
+  }
+  if (asprintf (&tmp, "%s.tmp", statsfile) == -1) {
+    nbdkit_error ("asprintf: %m");
+    return -1;
+  }
+  fd = open (tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd == -1) {
+    nbdkit_error ("stats-file=%s: cannot create %s: %m", statsfile, tmp);
+    return -1;
+  }
+  close (fd);
+  unlink (tmp);
+  return 0;
+}
+
 /* Open the files and build the layout here, not in .config_complete:
  * errors are still seen by the user, and --dump-plugin never opens them.
  */
@@ -934,23 +974,8 @@ plugin_get_ready (void)
   size_t i, bad;
 
   start_ns = now_ns ();
-  /* Refuse an unwritable stats-file= now, not at the first close. */
-  if (statsfile) {
-    CLEANUP_FREE char *tmp = NULL;
-    int fd;
-
-    if (asprintf (&tmp, "%s.tmp", statsfile) == -1) {
-      nbdkit_error ("asprintf: %m");
-      return -1;
-    }
-    fd = open (tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    if (fd == -1) {
-      nbdkit_error ("stats-file=%s: cannot create %s: %m", statsfile, tmp);
-      return -1;
-    }
-    close (fd);
-    unlink (tmp);
-  }
+  if (statsfile && check_statsfile () == -1)
+    return -1;
 
   if (conn_init_worker_key () == -1 || request_init () == -1 ||
       conns_init () == -1)
