@@ -20,7 +20,7 @@
 # one line naming the file and what is wrong, never a traceback.
 #
 # Shown able to fail: with the rate limit of stats_file_failed_locked
-# removed (every failure an error line), "11 error lines about
+# removed (every failure an error line), "10 error lines about
 # stats-file= after 10 failed reports (at most 3 expected)"; with the
 # failures not counted (the recovery line says 0), "the recovery line
 # does not count the failed reports".
