@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,6 +41,7 @@
 #include "minmax.h"
 #include "parse.h"
 #include "plugin.h"
+#include "ratelimit.h"
 #include "remote.h"
 #include "rescue.h"
 #include "request.h"
@@ -106,6 +108,13 @@ NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
  * nothing.
  */
 #define DEFAULT_STATS_INTERVAL_NS 2000000000ULL /* 2 s */
+/* Below this the timer thread, the one that also unplugs on idle= and
+ * max-delay=, would spend its time rewriting the file (1ns measured at
+ * a quarter of a core with one idle connection), and no reader of the
+ * file looks that often.
+ */
+#define STATS_INTERVAL_MIN_NS     100000000ULL /* 100 ms */
+#define STATS_INTERVAL_MIN_TEXT   "100ms"
 #define DEFAULT_REMOTE_CONNECTIONS      4
 #define DEFAULT_REMOTE_QUEUE_DEPTH     64
 /* One attempt to connect to an NBD server (TCP connect, TLS and NBD
@@ -185,30 +194,110 @@ inject_eagain (void)
 
 static uint64_t start_ns;                    /* .get_ready's now_ns. */
 
+/* A stats-file= that cannot be written (its directory removed, the
+ * file system full) fails at every report, every stats-interval= for
+ * as long as a connection stays open: the first failure is logged at
+ * once, later ones at most once a minute with the count (at the
+ * default 2s that is 30 reports a line, not 43,200 lines a day), and
+ * the first report written after them says so.  Each failure not
+ * logged as an error is a debug line (nbdkit -v).
+ */
+#define STATS_ERROR_INTERVAL_NS (60 * 1000000000ULL)
+
+enum stats_file_state {
+  STATS_FILE_WRITTEN,           /* The last report was written, or none
+                                 * was tried yet. */
+  STATS_FILE_FAILING,           /* The last report could not be written. */
+};
+
+static struct {
+  enum stats_file_state state;
+  uint64_t failed;              /* Reports not written since the last one
+                                 * written. */
+  struct ratelimit log;
+} stats_health;                 /* Protected by stats_lock. */
+
+/* A report could not be written: "what" failed with errno err (path,
+ * when given, is the file it was done to).  Caller holds stats_lock.
+ */
+static void
+stats_file_failed_locked (const char *what, const char *path, int err)
+{
+  uint64_t suppressed;
+
+  stats_health.state = STATS_FILE_FAILING;
+  stats_health.failed++;
+  errno = err;
+  if (!ratelimit_allow_every (&stats_health.log, now_ns (),
+                              STATS_ERROR_INTERVAL_NS, &suppressed))
+    nbdkit_debug ("stats-file=%s: report not written: %s%s%s: %m "
+                  "(%" PRIu64 " since the last one written)",
+                  statsfile, what, path ? " " : "", path ? path : "",
+                  stats_health.failed);
+  else if (suppressed > 0)
+    nbdkit_error ("stats-file=%s: report not written: %s%s%s: %m "
+                  "(and %" PRIu64 " more since the last message)",
+                  statsfile, what, path ? " " : "", path ? path : "",
+                  suppressed);
+  else
+    nbdkit_error ("stats-file=%s: report not written: %s%s%s: %m",
+                  statsfile, what, path ? " " : "", path ? path : "");
+}
+
+/* A report was written.  Caller holds stats_lock. */
+static void
+stats_file_written_locked (void)
+{
+  if (stats_health.state == STATS_FILE_FAILING)
+    nbdkit_error ("stats-file=%s: written again, after %" PRIu64
+                  " reports that could not be written",
+                  statsfile, stats_health.failed);
+  stats_health.state = STATS_FILE_WRITTEN;
+  stats_health.failed = 0;
+  /* The next failure is news: log it at once. */
+  stats_health.log = (struct ratelimit) { 0 };
+}
+
 /* Write text to stats-file= atomically (temporary file + rename), so a
- * reader never sees half a file.  Caller holds stats_lock.
+ * reader never sees half a file.  Caller holds stats_lock (not
+ * eng_lock: a slow or failing file system delays only the next report).
  */
 static void
 replace_statsfile_locked (const char *text)
 {
   CLEANUP_FREE char *tmp = NULL;
   FILE *fp;
+  int err;
 
   if (asprintf (&tmp, "%s.tmp", statsfile) == -1) {
-    nbdkit_error ("stats-file=%s: %m", statsfile);
+    stats_file_failed_locked ("asprintf", NULL, errno);
     return;
   }
   fp = fopen (tmp, "w");
   if (fp == NULL) {
-    nbdkit_error ("stats-file=%s: %m", tmp);
+    stats_file_failed_locked ("create", tmp, errno);
     return;
   }
-  if (fputs (text, fp) == EOF || fclose (fp) == EOF) {
-    nbdkit_error ("stats-file=%s: write: %m", tmp);
+  if (fputs (text, fp) == EOF) {
+    err = errno;
+    fclose (fp);
+    unlink (tmp);
+    stats_file_failed_locked ("write", tmp, err);
     return;
   }
-  if (rename (tmp, statsfile) == -1)
-    nbdkit_error ("stats-file=%s: rename: %m", statsfile);
+  if (fclose (fp) == EOF) {
+    err = errno;
+    unlink (tmp);
+    stats_file_failed_locked ("write", tmp, err);
+    return;
+  }
+  if (rename (tmp, statsfile) == -1) {
+    err = errno;
+    unlink (tmp);
+    stats_file_failed_locked ("rename to", statsfile, err);
+    return;
+  }
+  stats_file_written_locked ();
 }
 
 /* How a report counts the connections still open. */
@@ -244,7 +333,7 @@ write_statsfile_locked (const char *written_at,
     return;
   flive = calloc (nr_backings ? nr_backings : 1, sizeof *flive);
   if (flive == NULL || conns_live (&r, flive, &open_sum, &conns) == -1) {
-    nbdkit_error ("stats-file=%s: %m", statsfile);
+    stats_file_failed_locked ("gather the figures", NULL, errno);
     return;
   }
   /* After the engine's snapshot: no acknowledgement in it is newer. */
@@ -264,7 +353,7 @@ write_statsfile_locked (const char *written_at,
   }
   json = stats_report_json (&r);
   if (json == NULL) {
-    nbdkit_error ("stats-file=%s: %m", statsfile);
+    stats_file_failed_locked ("format the report", NULL, errno);
     return;
   }
   replace_statsfile_locked (json);
@@ -677,8 +766,18 @@ plugin_config (const char *key, const char *value)
                     value, r ? "no" : "yes");
     cfg.shared = lock ? !r : r;
   }
-  else if (strcmp (key, "stats-interval") == 0)
-    return parse_duration_param (key, value, &cfg.stats_interval_ns);
+  else if (strcmp (key, "stats-interval") == 0) {
+    if (parse_duration_param (key, value, &cfg.stats_interval_ns) == -1)
+      return -1;
+    if (cfg.stats_interval_ns > 0 &&
+        cfg.stats_interval_ns < STATS_INTERVAL_MIN_NS) {
+      nbdkit_error ("stats-interval=%s: must be 0 (reports only at close "
+                    "and exit) or at least %s: the timer thread that "
+                    "writes the reports also unplugs", value,
+                    STATS_INTERVAL_MIN_TEXT);
+      return -1;
+    }
+  }
   else if (strcmp (key, "stats-file") == 0) {
     /* The file need not exist yet: make the directory absolute. */
     free (statsfile);
@@ -848,6 +947,45 @@ check_alignment (void)
   return 0;
 }
 
+/* Refuse a stats-file= that no report could replace now, not at the
+ * first close: a directory (rename(2) fails with EISDIR at every
+ * report), anything else that is not a regular file (a device or FIFO
+ * would be replaced by the report), a directory we cannot create
+ * PATH.tmp in.
+ */
+static int
+check_statsfile (void)
+{
+  CLEANUP_FREE char *tmp = NULL;
+  struct stat st;
+  int fd;
+
+  if (stat (statsfile, &st) == 0) {
+    if (S_ISDIR (st.st_mode)) {
+      nbdkit_error ("stats-file=%s: is a directory: name a file, such as "
+                    "%s/plug-stats.json", statsfile, statsfile);
+      return -1;
+    }
+    if (!S_ISREG (st.st_mode)) {
+      nbdkit_error ("stats-file=%s: exists and is not a regular file: "
+                    "every report replaces it (by rename)", statsfile);
+      return -1;
+    }
+  }
+  if (asprintf (&tmp, "%s.tmp", statsfile) == -1) {
+    nbdkit_error ("asprintf: %m");
+    return -1;
+  }
+  fd = open (tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd == -1) {
+    nbdkit_error ("stats-file=%s: cannot create %s: %m", statsfile, tmp);
+    return -1;
+  }
+  close (fd);
+  unlink (tmp);
+  return 0;
+}
+
 /* Open the files and build the layout here, not in .config_complete:
  * errors are still seen by the user, and --dump-plugin never opens them.
  */
@@ -859,23 +997,8 @@ plugin_get_ready (void)
   size_t i, bad;
 
   start_ns = now_ns ();
-  /* Refuse an unwritable stats-file= now, not at the first close. */
-  if (statsfile) {
-    CLEANUP_FREE char *tmp = NULL;
-    int fd;
-
-    if (asprintf (&tmp, "%s.tmp", statsfile) == -1) {
-      nbdkit_error ("asprintf: %m");
-      return -1;
-    }
-    fd = open (tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    if (fd == -1) {
-      nbdkit_error ("stats-file=%s: cannot create %s: %m", statsfile, tmp);
-      return -1;
-    }
-    close (fd);
-    unlink (tmp);
-  }
+  if (statsfile && check_statsfile () == -1)
+    return -1;
 
   if (conn_init_worker_key () == -1 || request_init () == -1 ||
       conns_init () == -1)
@@ -1290,7 +1413,8 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   "lock=BOOL               Lock the files against other processes (yes).\n" \
   "stats-file=PATH         Write JSON statistics here.\n" \
   "stats-interval=DURATION Rewrite stats-file= this often while connections\n" \
-  "                        are open (2s; 0: only at close and exit)."
+  "                        are open (2s; at least 100ms; 0: only at close\n" \
+  "                        and exit)."
 
 static struct nbdkit_plugin plugin = {
   .name = "plug",

@@ -23,13 +23,15 @@ struct ratelimit {
   uint64_t suppressed;          /* Messages dropped since then. */
 };
 
-/* May a message go out at now?  If so, *suppressed is how many were
- * dropped before it (and the count starts again); if not, it is counted.
+/* May a message go out at now, at most one per interval_ns?  If so,
+ * *suppressed is how many were dropped before it (and the count starts
+ * again); if not, it is counted.
  */
 static inline bool
-ratelimit_allow (struct ratelimit *rl, uint64_t now, uint64_t *suppressed)
+ratelimit_allow_every (struct ratelimit *rl, uint64_t now,
+                       uint64_t interval_ns, uint64_t *suppressed)
 {
-  if (rl->last_ns != 0 && now - rl->last_ns < RATELIMIT_INTERVAL_NS) {
+  if (rl->last_ns != 0 && now - rl->last_ns < interval_ns) {
     rl->suppressed++;
     return false;
   }
@@ -37,6 +39,13 @@ ratelimit_allow (struct ratelimit *rl, uint64_t now, uint64_t *suppressed)
   rl->suppressed = 0;
   rl->last_ns = now ? now : 1;
   return true;
+}
+
+/* The same, one per RATELIMIT_INTERVAL_NS. */
+static inline bool
+ratelimit_allow (struct ratelimit *rl, uint64_t now, uint64_t *suppressed)
+{
+  return ratelimit_allow_every (rl, now, RATELIMIT_INTERVAL_NS, suppressed);
 }
 
 #endif /* NBDPLUG_RATELIMIT_H */

@@ -263,6 +263,28 @@ bad "connect-timeout=0: must be greater than 0" "$good" connect-timeout=0
 bad "connect-timeout=soon" "$good" connect-timeout=soon
 bad "connect-retry=-1" "$good" connect-retry=-1
 bad "direct=sometimes" "$good" direct=sometimes
+# Below 100ms the timer thread, which also unplugs, would spend its time
+# rewriting stats-file=; 0 (only at close and exit) and 100ms serve.
+bad "stats-interval=1ms: must be 0 \(reports only at close and exit\) or at least 100ms" \
+    "$good" stats-file="$tmp/si.json" stats-interval=1ms
+bad "stats-interval=1ns: must be 0 .* or at least 100ms" \
+    "$good" stats-interval=1ns
+bad "stats-interval=99999us: .* at least 100ms" "$good" stats-interval=99999us
+warns "" "$good" stats-file="$tmp/si.json" stats-interval=0
+warns "" "$good" stats-file="$tmp/si.json" stats-interval=100ms
+
+# stats-file=: a directory can never be replaced by a report; neither
+# should a device or a FIFO be.
+bad "stats-file=$tmp/dir: is a directory: name a file, such as $tmp/dir/plug-stats.json" \
+    "$good" stats-file="$tmp/dir"
+says_not "cannot create"
+ln -s "$tmp/dir" "$tmp/dirlink"
+bad "stats-file=$tmp/dirlink: is a directory" "$good" stats-file="$tmp/dirlink"
+mkfifo "$tmp/fifo"
+bad "stats-file=$tmp/fifo: exists and is not a regular file" \
+    "$good" stats-file="$tmp/fifo"
+bad "stats-file=$tmp/nodir/s.json: cannot create $tmp/nodir/s.json.tmp: No such file or directory" \
+    "$good" stats-file="$tmp/nodir/s.json"
 
 # And over the whole test.
 no_leftovers "$all_before" "$0"

@@ -77,6 +77,6 @@ EOF2
 
 truncate -s 1M "$tmp/disk.img"
 start_plug live file="$tmp/disk.img" stats-file="$tmp/stats.json" \
-           stats-interval=50ms idle=10s max-delay=60s direct=never
+           stats-interval=100ms idle=10s max-delay=60s direct=never
 run_client live 300 "$tmp/client.py" "$tmp/stats.json"
 end_client live
