@@ -545,21 +545,57 @@ static const struct deprecated_key {
   { "retry-delay", "requeue-delay", "it is nbdkit-retry-filter's key" },
   { "retry-max-delay", "requeue-max-delay", "renamed with retry-delay=" },
   { "retry-timeout", "requeue-timeout", "renamed with retry-delay=" },
+  { "shared", "lock", "nbdkit-nbd-plugin's shared= means something else" },
 };
+#define NR_DEPRECATED (sizeof deprecated_keys / sizeof deprecated_keys[0])
 
-/* The current name of key, saying so if key is an old one.  nbdkit
- * 1.32 has no warning level and nbdkit_debug is seen only with -v, so
- * the warning is an nbdkit_error message; nbdkit starts all the same.
+/* Which names of each renamed parameter were given (.config runs in
+ * one thread): both at once is refused, since which one won would
+ * depend on their order on the command line.
+ */
+enum name_given { GIVEN_NONE = 0, GIVEN_OLD = 1, GIVEN_NEW = 2 };
+static unsigned names_given[NR_DEPRECATED];
+
+/* Note that key was given; -1 after nbdkit_error if the other name of
+ * the same parameter was given too.
+ */
+static int
+note_name_given (const char *key)
+{
+  size_t i;
+
+  for (i = 0; i < NR_DEPRECATED; ++i) {
+    const struct deprecated_key *d = &deprecated_keys[i];
+    bool is_old = strcmp (key, d->old) == 0;
+
+    if (!is_old && strcmp (key, d->new) != 0)
+      continue;
+    names_given[i] |= is_old ? GIVEN_OLD : GIVEN_NEW;
+    if (names_given[i] == (GIVEN_OLD | GIVEN_NEW)) {
+      nbdkit_error ("%s= and %s= both given: %s= is the deprecated name "
+                    "of %s=; give only %s=", d->new, d->old, d->old,
+                    d->new, d->new);
+      return -1;
+    }
+    return 0;
+  }
+  return 0;
+}
+
+/* The current name of key, saying so if key is an old one (shared=,
+ * whose value is inverted, says so itself).  nbdkit 1.32 has no
+ * warning level and nbdkit_debug is seen only with -v, so the warning
+ * is an nbdkit_error message; nbdkit starts all the same.
  */
 static const char *
 current_key (const char *key, const char *value)
 {
   size_t i;
 
-  for (i = 0; i < sizeof deprecated_keys / sizeof deprecated_keys[0]; ++i) {
+  for (i = 0; i < NR_DEPRECATED; ++i) {
     const struct deprecated_key *d = &deprecated_keys[i];
 
-    if (strcmp (key, d->old) == 0) {
+    if (strcmp (key, d->old) == 0 && strcmp (d->old, "shared") != 0) {
       nbdkit_error ("warning: %s=%s: %s= is deprecated (%s), use %s= "
                     "instead; the old name goes in the next release",
                     key, value, d->old, d->why, d->new);
@@ -614,6 +650,8 @@ check_idle (void)
 static int
 plugin_config (const char *key, const char *value)
 {
+  if (note_name_given (key) == -1)
+    return -1;
   key = current_key (key, value);
   if (strcmp (key, "file") == 0) {
     if (!remote_is_uri (value) && check_uri_scheme (value) == -1)

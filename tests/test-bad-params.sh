@@ -202,6 +202,20 @@ grep -F "retry-max-delay= is deprecated (renamed with retry-delay=), use requeue
 warns "warning: shared=yes: shared= is deprecated, use lock=no" \
       "$good" shared=yes
 bad "lock=sometimes: expected a boolean" "$good" lock=sometimes
+# Both names of one parameter: refused in either order (which won would
+# depend on the order).
+bad "lock= and shared= both given: shared= is the deprecated name of lock=; give only lock=" \
+    "$good" lock=yes shared=yes
+bad "requeue-timeout= and retry-timeout= both given" \
+    "$good" requeue-timeout=10s retry-timeout=1s
+bad "requeue-timeout= and retry-timeout= both given" \
+    "$good" retry-timeout=1s requeue-timeout=10s
+bad "stats-file= and statsfile= both given" \
+    "$good" stats-file="$tmp/a.json" statsfile="$tmp/b.json"
+bad "requeue-delay= and retry-delay= both given" \
+    "$good" retry-delay=5ms requeue-delay=5ms
+bad "requeue-max-delay= and retry-max-delay= both given" \
+    "$good" requeue-max-delay=50ms retry-max-delay=50ms
 
 # Sizes.
 bad "stripe=1MB" "$good" stripe=1MB
