@@ -50,6 +50,7 @@ number of connections and requests sent.
 import argparse
 import os
 import random
+import select
 import socket
 import struct
 import sys
@@ -70,6 +71,8 @@ CMD_CACHE, CMD_WRITE_ZEROES, CMD_BLOCK_STATUS = 5, 6, 7
 F_FUA, F_NO_HOLE, F_DF, F_REQ_ONE, F_FAST_ZERO = 1, 2, 4, 8, 16
 
 CLEAN = 1 << 20                 # The clean client's region at the end.
+STALL = 10                      # Seconds without progress: give up a send.
+GONE = 75                       # Exit status: nbdkit went away (--state).
 
 
 class Failure(Exception):
@@ -95,13 +98,40 @@ class Conn:
         self.s.connect(path)
         self.sent = bytearray()
         self.requests = 0
+        self.stalls = 0
 
     def send(self, data):
+        """Send all of data, reading (and dropping) the server's replies
+        meanwhile: a client that only writes fills both directions'
+        buffers (nbdkit blocks sending replies, then stops reading), and
+        a send given up half-way would leave nbdkit waiting for the rest
+        of a request.  False: the server closed, or made no progress
+        either way for STALL seconds (both allowed here; the clean
+        client then tells whether nbdkit still serves)."""
         self.sent += data
+        view = memoryview(data)
+        last = time.monotonic()
+        self.s.setblocking(False)
         try:
-            self.s.sendall(data)
-        except OSError:
-            return False        # The server closed: that is allowed.
+            while view:
+                if time.monotonic() - last > STALL:
+                    self.stalls += 1
+                    return False
+                r, w, _ = select.select([self.s], [self.s], [], 1.0)
+                try:
+                    if r:
+                        if not self.s.recv(1 << 20):
+                            return False
+                        last = time.monotonic()
+                    if w:
+                        view = view[self.s.send(view[:1 << 20]):]
+                        last = time.monotonic()
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError:
+                    return False    # The server closed: that is allowed.
+        finally:
+            self.s.settimeout(5)
         return True
 
     def recv_exact(self, n):
@@ -120,18 +150,21 @@ class Conn:
         """Read whatever the server sends for up to secs seconds, or
         until it closes."""
         end = time.monotonic() + secs
-        while True:
-            left = end - time.monotonic()
-            if left <= 0:
-                return
-            self.s.settimeout(left)
-            try:
-                if not self.s.recv(65536):
+        try:
+            while True:
+                left = end - time.monotonic()
+                if left <= 0:
                     return
-            except socket.timeout:
-                return
-            except OSError:
-                return
+                self.s.settimeout(left)
+                try:
+                    if not self.s.recv(65536):
+                        return
+                except socket.timeout:
+                    return
+                except OSError:
+                    return
+        finally:
+            self.s.settimeout(5)    # Not left at a drain's last few ms.
 
     def close(self, reset):
         if reset:
