@@ -45,9 +45,10 @@ fuzzed connections writes there (their offsets stay below it or start
 at or past the end).  The clean client (libnbd) keeps one connection
 open throughout.  After every fuzzed connection nbdkit must still run,
 and the clean client must read back exactly what it saw acknowledged
-there, flushed or not; then it writes and flushes a new pattern over
-part of it, and writes another one that it does not flush (the plug
-may hold it through the next fuzzed connection).  Stops at the first
+there (leaving out what it wrote since its last flush, which the plug
+may still hold: a read would make it write that out); then it writes
+a new pattern over part of it, unflushed, and every 4th time flushes
+and reads back the whole region.  Stops at the first
 failure with exit status 1, naming the seed and the iteration; with
 --save DIR the bytes that connection sent are written to
 DIR/protocol-SEED-ITERATION.bin.  Stops after --iterations, or after
@@ -94,6 +95,7 @@ F_FUA, F_NO_HOLE, F_DF, F_REQ_ONE, F_FAST_ZERO = 1, 2, 4, 8, 16
 
 CLEAN = 1 << 20                 # The clean client's region at the end.
 STALL = 10                      # Seconds without progress: give up a send.
+FLUSH_EVERY = 4                 # The clean client flushes every 4th check.
 GONE = 75                       # Exit status: nbdkit went away (--state).
 
 
@@ -367,6 +369,8 @@ class Clean:
         self.base = size - CLEAN
         self.h = None
         self.pending = None
+        self.dirty = []             # Written since the last flush.
+        self.checks = 0
         if state:
             self.want = bytearray(base64.b64decode(state["want"]))
             self.round = state["round"]
@@ -390,22 +394,36 @@ class Clean:
         self.want[off:off + n] = pat
         self.pending = None
 
-    def check(self, rng):
-        """Read back everything acknowledged so far (the plug may still
-        hold the last write), then write and flush one range, and write
-        another one left unflushed: in writeback mode with a long idle=
-        and max-delay= the plug holds it through the next fuzzed
-        connection."""
-        got = self.h.pread(CLEAN, self.base)
-        if got != self.want:
-            i = next(i for i in range(CLEAN) if got[i] != self.want[i])
+    def compare(self, off, n):
+        got = self.h.pread(n, self.base + off)
+        if got != self.want[off:off + n]:
+            i = next(i for i in range(n) if got[i] != self.want[off + i])
             raise DataLoss("the clean client's acknowledged data differs "
-                          "at offset %d" % (self.base + i))
-        for flush in (True, False):
-            n = rng.randrange(1, 64) * 4096
-            self.write(rng.randrange(0, CLEAN - n + 1) // 512 * 512, n)
-            if flush:
-                self.h.flush()
+                           "at offset %d" % (self.base + off + i))
+
+    def check(self, rng):
+        """Read back what it wrote, write one range and leave it
+        unflushed: in writeback mode with long idle= and max-delay= the
+        plug holds it through the next fuzzed connections.  A read of a
+        held range makes the plug write it out first, and so does a
+        flush: the ranges written since the last flush are left out of
+        the reads, and every FLUSH_EVERY-th check flushes and reads back
+        the whole region."""
+        self.checks += 1
+        held = sorted(self.dirty)
+        pos = 0
+        for off, n in held + [(CLEAN, 0)]:
+            if off > pos:
+                self.compare(pos, off - pos)
+            pos = max(pos, off + n)
+        n = rng.randrange(1, 64) * 4096
+        off = rng.randrange(0, CLEAN - n + 1) // 512 * 512
+        self.write(off, n)
+        self.dirty.append((off, n))
+        if self.checks % FLUSH_EVERY == 0:
+            self.h.flush()
+            self.dirty = []
+            self.compare(0, CLEAN)
 
     def state(self):
         return {"want": base64.b64encode(bytes(self.want)).decode(),
@@ -415,6 +433,7 @@ class Clean:
                  base64.b64encode(self.pending[1]).decode()]}
 
     def close(self):
+        self.compare(0, CLEAN)
         self.h.shutdown()
 
 
@@ -463,9 +482,11 @@ def verify_files(state, files, stripe, size):
         g = got[b:b + 4096]
         if g != want[b:b + 4096] and g != alt[b:b + 4096]:
             if bad == 0:
+                i = b + next(i for i in range(4096) if g[i] != want[b + i])
                 print("fuzz-protocol: acknowledged data lost at offset %d "
-                      "(want %r, have %r)" % (size - CLEAN + b,
-                                              want[b:b + 15], g[:15]))
+                      "(want %r, have %r)" % (size - CLEAN + i,
+                                              want[i:i + 15],
+                                              got[i:i + 15]))
             bad += 1
     return bad
 
