@@ -551,6 +551,7 @@ main ()
     echo "quick=${REPORT_QUICK:-0}"
     echo "jobs=$REPORT_JOBS"
     echo "job_delay=$REPORT_JOB_DELAY"
+    echo "jobs_reps=$REPORT_JOB_REPS"
     echo "job_bench_count=$REPORT_JOB_BENCH_COUNT"
     echo "job_tree='$REPORT_JOB_TREE'"
     echo "job_image_size=$REPORT_JOB_IMAGE_SIZE"
