@@ -558,13 +558,17 @@ def report(d):
                     L.append(f"| {WORKLOADS.get(w, w)} | {label} | " + " | ".join(cells) + " |")
         L.append("")
 
+    L.append("## (d) Real clients: the kernel nbd driver and qemu, with ext4\n")
+    if d.vm:
+        report_vm(d, L)
+    else:
+        L.append("Not measured in this run (`REPORT_VM=1` runs bench/vm-report.sh).\n")
     if d.jobs:
         report_jobs(d, L)
+    return "\n".join(L)
 
-    L.append("## (d) Real clients: the kernel nbd driver and qemu, with ext4\n")
-    if not d.vm:
-        L.append("Not measured in this run (`REPORT_VM=1` runs bench/vm-report.sh).\n")
-        return "\n".join(L)
+
+def report_vm(d, L):
     L.append(f"bench/vm-report.sh{' (an earlier run: ' + d.vm_date + ')' if d.vm_date else ''}: "
              "in a guest (TCG qemu, Debian cloud kernel), the kernel's nbd "
              "driver on each front, the front and a remote of 1 ms per write "
@@ -591,7 +595,6 @@ def report(d):
                  f"{g['bfua']} | {fmt_small(g['bwrites'] / g['cwrites']) if g['cwrites'] else '-'} | "
                  f"{fmt_small(bd / cd) if cd else '-'} |")
     L.append("")
-    return "\n".join(L)
 
 
 def fmt_secs(s):
@@ -688,7 +691,7 @@ def main():
             f"![IOPS against remote latency]({rel}/iops.png)", "",
             f"![counts per request]({rel}/counts.png)", "",
             f"The tables of (a) IOPS, (b) counts per request, (c) backend "
-            f"operations per client operation and (d) real clients: "
+            f"operations per client operation, (d) real clients and (e) whole jobs: "
             f"[{rel}/report.md]({rel}/report.md)."]
         rep = "\n".join("#" + l if l.startswith("#") else l for l in lines)
         with open(readme) as f:

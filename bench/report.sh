@@ -26,7 +26,7 @@
 #      reached the remote.
 #
 # Environment: see README.md ("bench/report.sh").  REPORT_QUICK=1 is a
-# smaller run (about 5 minutes on 2 cores).
+# smaller run (about 5 minutes on 2 cores, without (e)).
 
 set -euo pipefail
 export PATH=/usr/bin:/usr/sbin:/sbin:$PATH   # pyenv's python3 shadows the system one.
