@@ -613,7 +613,9 @@ def fmt_speedup(rr):
 
     def one(x):
         return f"{x:.2f}x faster" if x >= 1 else f"{1 / x:.2f}x slower"
-    return one(r) if lo == hi else f"{one(r)} ({lo:.2f}-{hi:.2f})"
+    if lo == hi:
+        return one(r)
+    return f"{one(r)} (proxy/plug time per repetition: {lo:.2f}-{hi:.2f})"
 
 
 def report_jobs(d, L):
@@ -628,8 +630,8 @@ def report_jobs(d, L):
              f"{m.get('job_image_size')} ({m.get('job_image_used')} allocated; "
              f"nbdcopy and qemu-img copy the data and zero the holes). "
              f"qemu-img bench: -c {m.get('job_bench_count')}. Plug vs proxy: the "
-             f"proxy's median time over the plug's, (min-max) of the per-repetition "
-             f"ratios.\n")
+             f"ratio of the median times, and the range of the proxy's time over "
+             f"the plug's within each repetition (above 1: the plug was faster).\n")
     L.append("| job | " + " | ".join(FRONTS[f] for f in fronts) + " | plug vs proxy |")
     L.append("|---" * (len(fronts) + 2) + "|")
     for j in d.job_names:
