@@ -35,6 +35,12 @@ FRONTS = {
     "null": "nbdkit null (ceiling)",
 }
 FRONT_ORDER = list(FRONTS)
+JOBS = {
+    "qemu-bench": "`qemu-img bench -w -t none -s 4k -d 16 -c N`",
+    "nbdcopy-4k": "`nbdcopy --flush --request-size=4096 --connections=1` of the image",
+    "nbdcopy": "`nbdcopy --flush` (its defaults) of the image",
+    "qemu-convert": "`qemu-img convert -n -f raw -O raw` of the image",
+}
 BEGIN = "<!-- report.sh: latest results begin -->"
 END = "<!-- report.sh: latest results end -->"
 
@@ -154,6 +160,9 @@ class Data:
         self.timed = read_tsv(os.path.join(raw, "timed.tsv"))
         self.counts = read_tsv(os.path.join(raw, "counts.tsv"))
         self.instr = read_tsv(os.path.join(raw, "instr.tsv"))
+        # Jobs of an earlier run (REPORT_JOBS=0) are not this run's.
+        jobs = os.path.join(raw, "jobs.tsv")
+        self.jobs = read_tsv(jobs) if self.meta.get("jobs") == "1" else []
         vm = os.path.join(raw, "vm.tsv")
         self.vm = read_tsv(vm)
         self.vm_date = None
@@ -171,8 +180,12 @@ class Data:
             if r["workload"] not in self.workloads:
                 self.workloads.append(r["workload"])
         self.delays.sort(key=float)
-        self.failed = [r for r in self.timed + self.counts
+        self.failed = [r for r in self.timed + self.counts + self.jobs
                        if r["status"] not in ("0", "-")]
+        self.job_names = []
+        for r in self.jobs:
+            if r["job"] not in self.job_names:
+                self.job_names.append(r["job"])
 
     def fronts(self, backend):
         present = {r["front"] for r in self.timed if r["backend"] == backend}
@@ -205,6 +218,20 @@ class Data:
         vals = [num(r[col]) / num(r["ios"]) for r in self.counts
                 if r["workload"] == workload and r["front"] == front and num(r["ios"])]
         return Stat(vals)
+
+    def job_rows(self, job, front):
+        rows = [r for r in self.jobs if r["job"] == job and r["front"] == front]
+        return sorted(rows, key=lambda r: int(r["rep"]))
+
+    def job_time(self, job, front):
+        rows = self.job_rows(job, front)
+        s = Stat(num(r["seconds"]) for r in rows)
+        s.reps = [num(r["seconds"]) for r in rows]
+        return s
+
+    def job_fronts(self):
+        present = {r["front"] for r in self.jobs}
+        return [f for f in FRONT_ORDER if f in present]
 
     def instructions(self, workload, front):
         for r in self.instr:
@@ -276,6 +303,15 @@ def verdicts(d):
             line = f"{name}, tmpfs file: {r:.2f}x nbdkit file"
             (use if r >= 1.5 else avoid if r < 0.9 else [])\
                 .append(line)
+    for j in d.job_names:
+        rr = ratio_range(d.job_time(j, "proxy"), d.job_time(j, "plug"))
+        if rr is None or rr[0] is None:
+            continue
+        name = JOBS.get(j, j).replace(" of the image", "") + " (1 ms remote)"
+        if rr[0] >= 1.5:
+            use.append(f"whole job {name}: {fmt_ratio(rr)}x faster than the proxy")
+        elif rr[0] < 0.9:
+            avoid.append(f"whole job {name}: {1 / rr[0]:.2f}x slower than the proxy")
     # Hold mode: merges, but is it ever faster than the proxy?
     hr = []
     for w in d.workloads:
@@ -523,9 +559,16 @@ def report(d):
         L.append("")
 
     L.append("## (d) Real clients: the kernel nbd driver and qemu, with ext4\n")
-    if not d.vm:
+    if d.vm:
+        report_vm(d, L)
+    else:
         L.append("Not measured in this run (`REPORT_VM=1` runs bench/vm-report.sh).\n")
-        return "\n".join(L)
+    if d.jobs:
+        report_jobs(d, L)
+    return "\n".join(L)
+
+
+def report_vm(d, L):
     L.append(f"bench/vm-report.sh{' (an earlier run: ' + d.vm_date + ')' if d.vm_date else ''}: "
              "in a guest (TCG qemu, Debian cloud kernel), the kernel's nbd "
              "driver on each front, the front and a remote of 1 ms per write "
@@ -552,7 +595,82 @@ def report(d):
                  f"{g['bfua']} | {fmt_small(g['bwrites'] / g['cwrites']) if g['cwrites'] else '-'} | "
                  f"{fmt_small(bd / cd) if cd else '-'} |")
     L.append("")
-    return "\n".join(L)
+
+
+def fmt_secs(s):
+    if not s:
+        return "-"
+    if len(s.values) == 1:
+        return f"{s.med:.2f} s"
+    return f"**{s.med:.2f} s** ({s.lo:.2f}-{s.hi:.2f})"
+
+
+def fmt_speedup(rr):
+    """proxy time / plug time, as "N x faster" or "N x slower"."""
+    if rr is None or rr[0] is None:
+        return "-"
+    r, lo, hi = rr
+
+    def one(x):
+        return f"{x:.2f}x faster" if x >= 1 else f"{1 / x:.2f}x slower"
+    if lo == hi:
+        return one(r)
+    return f"{one(r)} (proxy/plug time per repetition: {lo:.2f}-{hi:.2f})"
+
+
+def report_jobs(d, L):
+    m = d.meta
+    fronts = d.job_fronts()
+    L.append("## (e) Whole jobs through the remote\n")
+    L.append(f"Each job a user would time, through each front to the remote of "
+             f"{m.get('job_delay')} ms per write (as in (a)); wall time from the "
+             f"client's start to its exit, so including its own final FLUSH; "
+             f"{m.get('jobs_reps', m.get('reps'))} interleaved repetitions, median "
+             f"(min-max). The image: `mke2fs -t ext4 -d {m.get('job_tree')}` of "
+             f"{m.get('job_image_size')} ({m.get('job_image_used')} allocated; "
+             f"nbdcopy and qemu-img copy the data and zero the holes). "
+             f"qemu-img bench: -c {m.get('job_bench_count')}. Plug vs proxy: the "
+             f"ratio of the median times, and the range of the proxy's time over "
+             f"the plug's within each repetition (above 1: the plug was faster).\n")
+    L.append("| job | " + " | ".join(FRONTS[f] for f in fronts) + " | plug vs proxy |")
+    L.append("|---" * (len(fronts) + 2) + "|")
+    for j in d.job_names:
+        cells = [fmt_secs(d.job_time(j, f)) for f in fronts]
+        rr = ratio_range(d.job_time(j, "proxy"), d.job_time(j, "plug"))
+        L.append(f"| {JOBS.get(j, j)} | " + " | ".join(cells) + f" | {fmt_speedup(rr)} |")
+    L.append("")
+    L.append("What the client sent (counted at the front, first repetition: "
+             "writes, zeroes, FLUSHes) and what reached the remote per client "
+             "operation (writes + zeroes + trims at the remote over those "
+             "the client sent; FLUSH and FUA at the remote over the client's "
+             "FLUSHes). The cache filter advertises a preferred block size of "
+             "64 KiB, which nbdcopy follows, so its client counts differ.\n")
+    rf = [f for f in fronts if f != "null"]
+    L.append("| job | client ops (" + ", ".join(FRONTS[f] for f in rf) + ") | " +
+             " | ".join(f"remote ops per client op: {FRONTS[f]}" for f in rf) + " |")
+    L.append("|---|---" + "|---" * len(rf) + "|")
+    for j in d.job_names:
+        cl, cells = [], []
+        for f in rf:
+            rows = d.job_rows(j, f)
+            if not rows:
+                cl.append("-")
+                cells.append("-")
+                continue
+            g = rows[0]
+            cl.append(f"{g['cwrites']} w, {g['czeroes']} z, {g['cflushes']} F")
+            vals = []
+            for r in rows:
+                c = sum(num(r[k]) or 0 for k in ("cwrites", "czeroes", "ctrims"))
+                b = sum(num(r[k]) or 0 for k in ("bwrites", "bzeroes", "btrims"))
+                if c:
+                    vals.append(b / c)
+            df = (num(g["bflushes"]) or 0) + (num(g["bfua"]) or 0)
+            cells.append(f"{fmt_count(Stat(vals))}; {df:.0f} FLUSH+FUA")
+        uniq = sorted(set(cl))
+        L.append(f"| {j} | {'; '.join(cl) if len(uniq) > 1 else uniq[0]} | " +
+                 " | ".join(cells) + " |")
+    L.append("")
 
 
 def main():
@@ -575,7 +693,7 @@ def main():
             f"![IOPS against remote latency]({rel}/iops.png)", "",
             f"![counts per request]({rel}/counts.png)", "",
             f"The tables of (a) IOPS, (b) counts per request, (c) backend "
-            f"operations per client operation and (d) real clients: "
+            f"operations per client operation, (d) real clients and (e) whole jobs: "
             f"[{rel}/report.md]({rel}/report.md)."]
         rep = "\n".join("#" + l if l.startswith("#") else l for l in lines)
         with open(readme) as f:

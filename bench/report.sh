@@ -18,9 +18,15 @@
 #  (d) REPORT_VM=1: real clients in a guest (the kernel nbd driver with
 #      ext4), counted per front: bench/vm-report.sh.  Without it, the
 #      counts of an earlier run (results/raw/vm.tsv) stay in the report.
+#  (e) REPORT_JOBS=1 (default but in QUICK mode): whole jobs a user would
+#      time (qemu-img bench, nbdcopy, qemu-img convert of an ext4 image
+#      with files) through each front to the 1 ms remote, wall time
+#      including the job's own final FLUSH, and the operations the client
+#      sent (counted at the front by the same filter) and those that
+#      reached the remote.
 #
 # Environment: see README.md ("bench/report.sh").  REPORT_QUICK=1 is a
-# smaller run (about 5 minutes on 2 cores).
+# smaller run (about 5 minutes on 2 cores, without (e)).
 
 set -euo pipefail
 export PATH=/usr/bin:/usr/sbin:/sbin:$PATH   # pyenv's python3 shadows the system one.
@@ -34,20 +40,29 @@ if [ "${REPORT_QUICK:-0}" = 1 ]; then
   : "${REPORT_REPS:=1}" "${REPORT_SECONDS:=1}" "${REPORT_DELAYS:=0 1}"
   : "${REPORT_COUNT_IOS:=10000}" "${REPORT_INSTR_IOS:=2000}"
   : "${REPORT_INSTR_FRONTS:=file plug}"
+  : "${REPORT_JOBS:=0}" "${REPORT_JOB_BENCH_COUNT:=20000}"
 else
   : "${REPORT_REPS:=3}" "${REPORT_SECONDS:=2}" "${REPORT_DELAYS:=0 0.1 0.5 1 5 10}"
   : "${REPORT_COUNT_IOS:=30000}" "${REPORT_INSTR_IOS:=5000}"
   : "${REPORT_INSTR_FRONTS:=file plug plug-hold null qemu-nbd}"
+  : "${REPORT_JOBS:=1}" "${REPORT_JOB_BENCH_COUNT:=100000}"
 fi
-: "${REPORT_WORKLOADS:=seq4k rand4k seq64k flush64}"
+# Empty is a value here (REPORT_WORKLOADS= runs no timed fio point).
+: "${REPORT_WORKLOADS=seq4k rand4k seq64k flush64}"
 : "${REPORT_REMOTE_FRONTS:=proxy cache plug plug-hold qemu-nbd}"
 : "${REPORT_LOCAL_FRONTS:=file cache plug plug-hold qemu-nbd nbd-server}"
-: "${REPORT_COUNT_WORKLOADS:=seq4k rand4k}"
+: "${REPORT_COUNT_WORKLOADS=seq4k rand4k}"
+: "${REPORT_JOB_LIST:=qemu-bench nbdcopy-4k nbdcopy qemu-convert}"
+: "${REPORT_JOB_FRONTS:=proxy cache plug null}"
+: "${REPORT_JOB_DELAY:=1}" "${REPORT_JOB_REPS:=$REPORT_REPS}"
+: "${REPORT_JOB_TREE:=/usr/include}"
+: "${REPORT_JOB_IMAGE_SIZE:=512M}"
 : "${REPORT_OUT:=$bench/results}"
 : "${REPORT_TMPDIR:=/dev/shm}"
 : "${REPORT_VM:=0}"
 : "${REPORT_README:=1}"
 SIZE=256M
+NULL_SIZE=1G   # >= SIZE and REPORT_JOB_IMAGE_SIZE
 
 die ()
 {
@@ -98,6 +113,7 @@ instr_tsv=$raw/instr.tsv
 printf 'rep\tbackend\tworkload\tfront\tiops\tcwrites\tcflushes\tbwrites\tbflushes\tbfua\tstatus\n' >"$timed_tsv"
 printf 'rep\tworkload\tfront\tios\tcs\tfutex\tpwrite\twrite\tstatus\n' >"$counts_tsv"
 printf 'workload\tfront\tinstr\n' >"$instr_tsv"
+jobs_tsv=$raw/jobs.tsv
 
 # fio arguments of each workload (all writes, QD16 but flush64).
 workload_args ()
@@ -167,6 +183,9 @@ front_cmd ()
 {
   local front=$1 backend=$2 target uri
   local -a nbdkit_=(nbdkit -f -U "$tmp/front.sock" -P "$tmp/front.pid")
+  # count_client=1: the counting filter outermost, at no delay, counts
+  # what the client sends (nbdkit fronts only).
+  [ "${count_client:-0}" = 1 ] && nbdkit_+=(--filter="$tmp/delay-us.so")
   uri="nbd+unix:///?socket=$tmp/remote.sock"
   if [ "$backend" = tmpfs ]; then
     target=$tmp/disk.img
@@ -180,9 +199,10 @@ front_cmd ()
     cache/remote) cmd=("${nbdkit_[@]}" --filter=cache nbd "uri=$uri" cache=writeback) ;;
     file/tmpfs)   cmd=("${nbdkit_[@]}" file "$target") ;;
     cache/tmpfs)  cmd=("${nbdkit_[@]}" --filter=cache file "$target" cache=writeback) ;;
-    plug/*)       cmd=("${nbdkit_[@]}" "$PLUGIN" "file=$target" "$plug_stats=$tmp/plug.json") ;;
+    plug/*)       cmd=("${nbdkit_[@]}" "$PLUGIN" "file=$target" "$plug_stats=$tmp/plug.json"
+                       ${REPORT_PLUG_ARGS:-}) ;;
     plug-hold/*)  cmd=("${nbdkit_[@]}" "$PLUGIN" "file=$target" mode=hold "$plug_stats=$tmp/plug.json") ;;
-    null/*)       cmd=("${nbdkit_[@]}" null "$SIZE") ;;
+    null/*)       cmd=("${nbdkit_[@]}" null "$NULL_SIZE") ;;
     qemu-nbd/*)   cmd=(qemu-nbd -t -k "$tmp/front.sock" --pid-file="$tmp/front.pid"
                        -f raw --cache=writeback "$target") ;;
     nbd-server/tmpfs)
@@ -192,6 +212,10 @@ front_cmd ()
       cmd=(nbd-server -C "$tmp/nbd-server.conf" -p "$tmp/front.pid") ;;
     *) die "front $front cannot serve a $backend backend" ;;
   esac
+  if [ "${count_client:-0}" = 1 ]; then
+    [ "${cmd[0]}" = nbdkit ] || die "count_client=1: $front is not nbdkit"
+    cmd+=(write-us=0 counts="$tmp/client.counts")
+  fi
 }
 
 front_uri ()
@@ -372,6 +396,78 @@ instr_point ()
   echo "instructions $workload $front: $(tail -n1 "$instr_tsv")" >&2
 }
 
+# make_job_image: an ext4 image of REPORT_JOB_IMAGE_SIZE holding
+# REPORT_JOB_TREE (mke2fs -d: no mount, no root needed), the source of
+# the copy jobs; made once per run.
+make_job_image ()
+{
+  job_image=$tmp/job-src.img
+  [ -f "$job_image" ] && return 0
+  mke2fs -q -F -t ext4 -d "$REPORT_JOB_TREE" "$job_image" "$REPORT_JOB_IMAGE_SIZE" \
+    >>"$tmp/mke2fs.log" 2>&1 ||
+    die "cannot make the job image from $REPORT_JOB_TREE: $(tail -n3 "$tmp/mke2fs.log")"
+}
+
+# job_cmd JOB URI: the client command of JOB, in the array cmd.
+job_cmd ()
+{
+  local job=$1 uri=$2
+  case $job in
+    qemu-bench)   cmd=(qemu-img bench -w -t none -s 4k -d 16 -f raw
+                       -c "$REPORT_JOB_BENCH_COUNT" "$uri") ;;
+    nbdcopy-4k)   cmd=(nbdcopy --flush --request-size=4096 --connections=1
+                       "$job_image" "$uri") ;;
+    nbdcopy)      cmd=(nbdcopy --flush "$job_image" "$uri") ;;
+    qemu-convert) cmd=(qemu-img convert -n -f raw -O raw "$job_image" "$uri") ;;
+    *) die "unknown job $job" ;;
+  esac
+}
+
+# counts_of FILE: "WRITES ZEROES FLUSHES FUA TRIMS" from a counts= file
+# of bench/delay-us.c.
+counts_of ()
+{
+  local w z f fua t
+  read -r _ w _ fua _ f _ z _ t <"$1" || die "no counts in $1"
+  echo "$w $z $f $fua $t"
+}
+
+# plug_job_stats: the plug's statistics that say where a job's requests
+# went (printed to the log, for diagnosis).
+plug_job_stats ()
+{
+  jq -c '{direct, bytes_copied, client_bytes: .client.write.bytes,
+          bwrites: .backend.write.ops, bzeroes: .backend.zero.ops,
+          bsyncs: .backend.sync.ops, unplugs, largest_plug}' \
+    "$tmp/plug.json" 2>/dev/null || echo '{}'
+}
+
+# job_point REP JOB FRONT: one timed job through FRONT to the remote of
+# REPORT_JOB_DELAY ms, one line of jobs.tsv.  The front counts what the
+# client sends (count_client), the remote what reaches it.
+job_point ()
+{
+  local rep=$1 job=$2 front=$3 t0 t1 secs rc jrc=0 c b="- - - - -"
+  start_remote "$REPORT_JOB_DELAY"
+  rm -f "$tmp/client.counts"
+  count_client=1 start_front "$front" remote
+  job_cmd "$job" "$(front_uri "$front")"
+  t0=$(date +%s.%N)
+  "${cmd[@]}" >>"$tmp/job.log" 2>&1 || jrc=$?
+  t1=$(date +%s.%N)
+  stop_front "$front"
+  rc=$front_rc
+  [ "$jrc" = 0 ] || rc="job:$jrc"
+  stop_remote
+  c=$(counts_of "$tmp/client.counts")
+  [ "$front" = null ] || b=$(counts_of "$tmp/remote.counts")
+  secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$rep" "$job" "$front" "$secs" \
+    "${c// /$'\t'}" "${b// /$'\t'}" "$rc" >>"$jobs_tsv"
+  echo "rep $rep  job $job  $front: $secs s, client $c, remote $b (w z f fua t)" \
+       "$([ "$front" = plug ] && plug_job_stats)" >&2
+}
+
 # main: the run.  A function, so that bash has read all of it before it
 # starts: editing or checking out this file during a run cannot change
 # what the run does.
@@ -415,6 +511,21 @@ main ()
     done
   done
 
+  # (e): whole jobs, interleaved rounds over the fronts.
+  if [ "$REPORT_JOBS" = 1 ]; then
+    read -r -a jobs <<<"$REPORT_JOB_LIST"
+    read -r -a jfronts <<<"$REPORT_JOB_FRONTS"
+    make_job_image
+    printf 'rep\tjob\tfront\tseconds\tcwrites\tczeroes\tcflushes\tcfua\tctrims\tbwrites\tbzeroes\tbflushes\tbfua\tbtrims\tstatus\n' >"$jobs_tsv"
+    for ((rep = 1; rep <= REPORT_JOB_REPS; rep++)); do
+      for j in "${jobs[@]}"; do
+        for f in $(rotate "$rep" "${jfronts[@]}"); do
+          job_point "$rep" "$j" "$f"
+        done
+      done
+    done
+  fi
+
   # (d): real clients in a guest, counted; once, after the timed parts.
   if [ "$REPORT_VM" = 1 ]; then
     PLUGIN=$PLUGIN "$bench/vm-report.sh" "$raw/vm.tsv" ||
@@ -438,6 +549,14 @@ main ()
     echo "count_ios=$REPORT_COUNT_IOS"
     echo "instr_ios=$REPORT_INSTR_IOS"
     echo "quick=${REPORT_QUICK:-0}"
+    echo "jobs=$REPORT_JOBS"
+    echo "job_delay=$REPORT_JOB_DELAY"
+    echo "jobs_reps=$REPORT_JOB_REPS"
+    echo "job_bench_count=$REPORT_JOB_BENCH_COUNT"
+    echo "job_tree='$REPORT_JOB_TREE'"
+    echo "job_image_size=$REPORT_JOB_IMAGE_SIZE"
+    echo "job_image_used='$( [ "$REPORT_JOBS" = 1 ] && du -h "$job_image" | cut -f1)'"
+    echo "plug_args='${REPORT_PLUG_ARGS:-}'"
   } >"$raw/meta.env"
 
   /usr/bin/python3 "$bench/report.py" "$REPORT_OUT" || die "report.py failed"
