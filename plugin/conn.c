@@ -555,6 +555,18 @@ conn_close (struct conn *c)
 /* The exit's request, allocated at start (conns_init). */
 static struct request *exit_req;
 
+/* The write-out with exit_req: done once, by whichever of the exit
+ * and an abort's rescue comes first; the other waits for it to end.
+ */
+enum exit_state {
+  EXIT_PENDING,                 /* exit_req not taken yet. */
+  EXIT_WRITING,                 /* Taken: the write-out is under way. */
+  EXIT_DONE,                    /* Answered: written out and synced. */
+};
+static enum exit_state exit_state = EXIT_PENDING;
+static pthread_mutex_t exit_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t exit_cond = PTHREAD_COND_INITIALIZER;
+
 int
 conns_init (void)
 {
@@ -574,15 +586,50 @@ conns_fini (void)
   exit_req = NULL;
 }
 
+/* Take exit_req if nobody has (returns it), or wait until the
+ * write-out that took it has ended (returns NULL).  An abort during
+ * the exit's write-out must not let the process die before that
+ * write-out ends: the rescue thread waits here, and the aborting
+ * thread waits for the rescue thread (at most RESCUE_WAIT_S, rescue.c).
+ */
+static struct request *
+take_exit_req (void)
+{
+  struct request *r = NULL;
+
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&exit_lock);
+  switch (exit_state) {
+  case EXIT_PENDING:
+    exit_state = EXIT_WRITING;
+    r = exit_req;
+    exit_req = NULL;
+    break;
+  case EXIT_WRITING:
+    while (exit_state == EXIT_WRITING)
+      pthread_cond_wait (&exit_cond, &exit_lock);
+    break;
+  case EXIT_DONE:
+    break;
+  }
+  return r;
+}
+
+static void
+exit_write_out_done (void)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&exit_lock);
+  exit_state = EXIT_DONE;
+  pthread_cond_broadcast (&exit_cond);
+}
+
 /* Write out everything every connection acknowledged and sync the
  * files, with the exit's request: once, whichever of the exit and an
- * abort's rescue comes first.
+ * abort's rescue comes first; the other returns when it has ended.
  */
 static void
 write_out_all (const char *why)
 {
-  struct request *r = __atomic_exchange_n (&exit_req, NULL,
-                                           __ATOMIC_ACQ_REL);
+  struct request *r = take_exit_req ();
 
   if (r == NULL)
     return;
@@ -592,6 +639,7 @@ write_out_all (const char *why)
   if (submit_wait (NULL, r) == -1)
     nbdkit_error ("%s: not every acknowledged write is on "
                   "stable storage (see the losses logged above): %m", why);
+  exit_write_out_done ();
 }
 
 void

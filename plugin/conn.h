@@ -109,7 +109,7 @@ extern void conn_close (struct conn *c);
 extern void conns_shutdown (struct plug_stats *live);
 
 /* After an abort (rescue.h), from the rescue thread: conns_shutdown's
- * write-out, if the exit has not taken its request already.
+ * write-out, or, if the exit's is under way, wait for it to end.
  */
 extern void conns_rescue (void);
 

@@ -395,8 +395,11 @@ plugin_cleanup (void)
 
   if (eng == NULL)
     return;
-  rescue_stop ();
+  /* The rescue stays armed through the exit's write-out and syncs: an
+   * abort in between waits for them (conns_rescue).
+   */
   conns_shutdown (&live);
+  rescue_stop ();
   iopool_stop ();
   timer_stop ();
   /* Last: a completion may still hand runs to the pool until here. */

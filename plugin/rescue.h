@@ -14,7 +14,8 @@
  * which writes out everything held, as the server's exit does
  * (conns_shutdown), and lets the abort go on once that is done or
  * RESCUE_WAIT_S passed (the plugin's own assertion, with eng_lock
- * held, would keep it from ever finishing).
+ * held, would keep it from ever finishing).  The process then dies of
+ * SIGABRT, also when it came from kill(2).
  */
 #ifndef NBDPLUG_RESCUE_H
 #define NBDPLUG_RESCUE_H
@@ -24,7 +25,9 @@
  */
 extern int rescue_start (void);
 
-/* .cleanup: restore the previous handler and stop the thread. */
+/* .cleanup, once the exit's write-out is done: restore the previous
+ * handler and stop the thread.
+ */
 extern void rescue_stop (void);
 
 #endif /* NBDPLUG_RESCUE_H */
