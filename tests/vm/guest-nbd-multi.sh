@@ -43,17 +43,17 @@ while [ ! -S $sock ]; do
 done
 say "nbdkit (pid $NBDKIT_PID) serving: ${PLUGIN##*/} $(plug_args file=$a file=$b)"
 
-# wait_closed N: the statsfile (written at each close) counts N
+# wait_closed N: the stats-file= (written at each close) counts N
 # connections: all of them closed, their data written.
 wait_closed ()
 {
   [ "$PLUGIN_KIND" = plug ] || return 0     # No stats-file= (negative controls).
   i=0
   while :; do
-    n=$(sed -n 's/.*"connections": *\([0-9]*\).*/\1/p' /tmp/stats.json 2>/dev/null)
+    n=$(sed -n 's/^  "connections": *\([0-9]*\).*/\1/p' /tmp/stats.json 2>/dev/null)
     [ "$n" = "$1" ] && return 0
     i=$((i + 1))
-    [ $i -lt 600 ] || { echo "statsfile counts '$n' connections, want $1"; return 1; }
+    [ $i -lt 600 ] || { echo "stats-file= counts '$n' connections, want $1"; return 1; }
     sleep 0.1
   done
 }
