@@ -135,7 +135,7 @@ glue_end_locked (struct glue_actions *a)
 {
   struct eng_op *op;
 
-  for (op = a->eng.reply; op != NULL; op = op->reply_next) {
+  list_for_each (op, &a->eng.reply, reply_link) {
     struct waiter *w = op->waiter;
 
     if (w) {
@@ -144,8 +144,7 @@ glue_end_locked (struct glue_actions *a)
       a->wake = w;
     }
   }
-  a->eng.reply = NULL;
-  a->eng.reply_tail = &a->eng.reply;
+  list_init (&a->eng.reply);
   request_recycle_locked (&a->eng);
   glue_kick_timer_locked ();
 }
@@ -158,7 +157,7 @@ static void
 answer_and_release (struct glue_actions *a)
 {
   struct waiter *w, *wnext;
-  struct eng_op *op, *next;
+  struct eng_op *op;
 
   struct wake_batch b = { .n = 0 };
 
@@ -168,12 +167,8 @@ answer_and_release (struct glue_actions *a)
   }
   wake_flush (&b);
   a->wake = NULL;
-  for (op = a->eng.release; op != NULL; op = next) {
-    next = op->release_next;
+  while ((op = list_pop (&a->eng.release, struct eng_op, release_link)))
     request_free (op);
-  }
-  a->eng.release = NULL;
-  a->eng.release_tail = &a->eng.release;
 }
 
 /* Hand run r's result to the engine; what that unblocks joins a. */
@@ -198,25 +193,20 @@ sync_done_into (struct glue_actions *a, struct eng_sync *s, int err)
 
 /* Carry out a's syncs: in this thread if it may block (a worker, a pool
  * thread: a FLUSH's worker syncs the files itself, as before the engine
- * owned syncs), otherwise in the pool.  Returns the ones left to this
- * thread, linked by next.
+ * owned syncs), otherwise in the pool.  The ones left to this thread go
+ * on mine (newest first).
  */
-static struct eng_sync *
-take_syncs (struct glue_actions *a, uint32_t inline_runs)
+static void
+take_syncs (struct glue_actions *a, uint32_t inline_runs, list_head *mine)
 {
-  struct eng_sync *list = a->eng.sync, *s, *next, *mine = NULL;
+  struct eng_sync *s;
 
-  a->eng.sync = NULL;
-  a->eng.sync_tail = &a->eng.sync;
-  for (s = list; s != NULL; s = next) {
-    next = s->next;
+  while ((s = list_pop (&a->eng.sync, struct eng_sync, link)) != NULL) {
     if ((inline_runs == GLUE_INLINE_NONE ||
          inline_runs == GLUE_INLINE_FAST) && iopool_submit_sync (s))
       continue;
-    s->next = mine;
-    mine = s;
+    list_add_head (mine, &s->link);
   }
-  return mine;
 }
 
 /* Sync one backing file: its result is an errno, or 0. */
@@ -224,15 +214,6 @@ static int
 sync_backing (struct eng_sync *s)
 {
   return backing_sync (&backings[s->backing]) == 0 ? 0 : errno;
-}
-
-/* Queue run r at the end of this thread's own list. */
-static void
-keep (struct eng_run ***tail, struct eng_run *r)
-{
-  r->issue_next = NULL;
-  **tail = r;
-  *tail = &r->issue_next;
 }
 
 /* Hand r to the I/O pool.  Counted first: once handed over, r may be
@@ -270,39 +251,31 @@ glue_perform (struct glue_actions *a, uint32_t inline_runs)
   /* The runs this thread issues itself, in order, one per round: so
    * that each round's answers go out before the next run.
    */
-  struct eng_run *mine = NULL, **mine_tail = &mine;
+  list_head mine = LIST_HEAD_INIT (mine);
 
   for (;;) {
-    struct eng_run *list, *r, *next;
-    struct eng_sync *syncs;
+    list_head list = LIST_HEAD_INIT (list), syncs = LIST_HEAD_INIT (syncs);
+    struct eng_run *r;
+    struct eng_sync *s;
     const struct backing *strand = NULL;
     int err;
 
     answer_and_release (a);
-    syncs = take_syncs (a, inline_runs);
-    if (syncs != NULL) {
+    take_syncs (a, inline_runs, &syncs);
+    if (!list_empty (&syncs)) {
       /* The runs wait meanwhile: a FLUSH waits for the sync, and
        * nothing waits for runs made after it.
        */
-      struct eng_sync *s = syncs;
-
-      while (s != NULL) {
-        struct eng_sync *n = s->next;
-
+      while ((s = list_pop (&syncs, struct eng_sync, link)) != NULL)
         sync_done_into (a, s, sync_backing (s));
-        s = n;
-      }
       continue;
     }
-    list = a->eng.issue;
-    if (list == NULL && mine == NULL)
+    if (list_empty (&a->eng.issue) && list_empty (&mine))
       return;
-    a->eng.issue = NULL;
-    a->eng.issue_tail = &a->eng.issue;
-    for (r = list; r != NULL; r = next) {
+    list_splice_tail (&list, &a->eng.issue);
+    while ((r = list_pop (&list, struct eng_run, issue_link)) != NULL) {
       const struct backing *b = &backings[r->run->backing];
 
-      next = r->issue_next;
       if (b->remote) {
         /* Asynchronous: the remote's loop hands it back.  Done at once
          * (a trim the server cannot do, no connection, no memory):
@@ -312,7 +285,7 @@ glue_perform (struct glue_actions *a, uint32_t inline_runs)
           complete_into (a, r, err);
         continue;
       }
-      if (mine == NULL && inline_runs > 0 &&
+      if (list_empty (&mine) && inline_runs > 0 &&
           (inline_runs != GLUE_INLINE_FAST || backing_fast (b))) {
         /* This thread's first run, and with it every other run of this
          * list to the same file if the kernel would make them take
@@ -331,14 +304,11 @@ glue_perform (struct glue_actions *a, uint32_t inline_runs)
       else if (b != strand && to_pool (r))
         continue;
       /* Here too when the pool is not running (server exit). */
-      keep (&mine_tail, r);
+      list_add_tail (&mine, &r->issue_link);
     }
-    if (mine == NULL)
+    r = list_pop (&mine, struct eng_run, issue_link);
+    if (r == NULL)
       continue;
-    r = mine;
-    mine = r->issue_next;
-    if (mine == NULL)
-      mine_tail = &mine;
     err = issue_timed (&backings[r->run->backing], r);
     complete_into (a, r, err);
   }
@@ -389,8 +359,6 @@ glue_issue (struct eng_run *r, uint32_t inline_runs)
   struct glue_actions a;
 
   glue_begin (&a);
-  a.eng.issue = r;
-  r->issue_next = NULL;
-  a.eng.issue_tail = &r->issue_next;
+  list_add_tail (&a.eng.issue, &r->issue_link);
   glue_perform (&a, inline_runs == 0 ? 1 : inline_runs);
 }

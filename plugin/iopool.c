@@ -23,8 +23,8 @@
 /* Protected by lock. */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
-static struct eng_run *head, **tail = &head;   /* Linked by issue_next. */
-static struct eng_sync *sync_head, **sync_tail = &sync_head;
+static list_head runs = LIST_HEAD_INIT (runs);  /* By issue_link. */
+static list_head syncs = LIST_HEAD_INIT (syncs); /* By link. */
 enum pool_state { POOL_STOPPED, POOL_RUNNING, POOL_STOPPING };
 static enum pool_state state;
 static pthread_t *threads;                     /* Owned. */
@@ -40,21 +40,13 @@ pool_thread (void *arg)
     struct eng_sync *s = NULL;
 
     pthread_mutex_lock (&lock);
-    while (head == NULL && sync_head == NULL && state == POOL_RUNNING)
+    while (list_empty (&runs) && list_empty (&syncs) &&
+           state == POOL_RUNNING)
       pthread_cond_wait (&cond, &lock);
-    if (sync_head != NULL) {
-      /* First: FLUSHes wait for it, and it blocks no write. */
-      s = sync_head;
-      sync_head = s->next;
-      if (sync_head == NULL)
-        sync_tail = &sync_head;
-    }
-    else if (head != NULL) {
-      r = head;
-      head = r->issue_next;
-      if (head == NULL)
-        tail = &head;
-    }
+    /* A sync first: FLUSHes wait for it, and it blocks no write. */
+    s = list_pop (&syncs, struct eng_sync, link);
+    if (s == NULL)
+      r = list_pop (&runs, struct eng_run, issue_link);
     pthread_mutex_unlock (&lock);
 
     if (s != NULL)
@@ -107,9 +99,7 @@ iopool_submit (struct eng_run *r)
 
   if (state != POOL_RUNNING)
     return false;
-  r->issue_next = NULL;
-  *tail = r;
-  tail = &r->issue_next;
+  list_add_tail (&runs, &r->issue_link);
   pthread_cond_signal (&cond);
   return true;
 }
@@ -121,9 +111,7 @@ iopool_submit_sync (struct eng_sync *s)
 
   if (state != POOL_RUNNING)
     return false;
-  s->next = NULL;
-  *sync_tail = s;
-  sync_tail = &s->next;
+  list_add_tail (&syncs, &s->link);
   pthread_cond_signal (&cond);
   return true;
 }

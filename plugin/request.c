@@ -153,25 +153,20 @@ request_free (struct eng_op *op)
 void
 request_recycle_locked (struct eng_actions *a)
 {
-  struct eng_op *op, *next, **keep = &a->release;
+  struct eng_op *op, *next;
 
-  for (op = a->release; op != NULL; op = next) {
+  list_for_each_safe (op, next, &a->release, release_link) {
     struct request *r = (struct request *) op;
 
-    next = op->release_next;
     if (r->cls >= 0 && r->chunk == NULL && cache_len[r->cls] < CACHE_SLOTS &&
         __atomic_load_n (&kept_bytes, __ATOMIC_RELAXED) +
         class_size (r->cls) <= cfg.lim.max_bytes) {
       __atomic_add_fetch (&kept_bytes, class_size (r->cls),
                           __ATOMIC_RELAXED);
+      list_del (&op->release_link);
       cache[r->cls][cache_len[r->cls]++] = r;
-      continue;
     }
-    *keep = op;
-    keep = &op->release_next;
   }
-  *keep = NULL;
-  a->release_tail = keep;
 }
 
 void

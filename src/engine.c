@@ -45,10 +45,6 @@
  */
 #define LONE_STREAK 2
 
-struct op_list {
-  struct eng_op *head, *tail;
-};
-
 /* A range of a backing file and the sequence numbers of the mutations
  * that last wrote it, [seq_lo, seq_hi]: an entry of a file's record of
  * lost data, or of its set of ranges written since a sync.
@@ -99,12 +95,13 @@ enum file_state {
 };
 
 struct eng_file {
-  struct eng_run *head, *tail;  /* Unfinished runs, creation order. */
+  list_head queue;              /* Unfinished runs, creation order, by
+                                 * qlink. */
   struct itree index;           /* The same runs, by offset. */
   uint64_t nr_blocked;          /* Runs in RUN_BLOCKED: none, and a
                                  * finishing run has nobody to release. */
-  struct eng_run *ready_head, *ready_tail;      /* RUN_READY runs, in the
-                                                 * order they go out. */
+  list_head ready;              /* RUN_READY runs, in the order they go
+                                 * out, by ready_link. */
   unsigned inflight;
   unsigned max_inflight;
   enum eng_direct_rule direct_rule;
@@ -176,7 +173,7 @@ enum conn_pace {
 struct eng_conn {
   struct engine *e;
   uint64_t id;                  /* engine_conn_set_id: for messages. */
-  struct eng_conn *prev, *next; /* e->conns. */
+  struct list_node link;        /* e->conns. */
   struct plug_stats *stats;     /* Borrowed from the caller. */
   enum conn_state state;
   enum conn_pace pace;
@@ -197,7 +194,7 @@ struct eng_conn {
   uint64_t nr_runs;             /* Runs queued or in flight. */
   unsigned nr_workers;
   unsigned nr_waiting;          /* Ops whose client waits for an answer. */
-  struct op_list mem_wait;      /* OP_WAIT_MEMORY, FIFO. */
+  list_head mem_wait;           /* OP_WAIT_MEMORY, FIFO, by wait. */
   struct eng_op *close_op;
 
   int last_err;                 /* Last failure, for refused writers. */
@@ -215,12 +212,12 @@ struct engine {
   struct eng_config cfg;
   enum engine_state state;
   struct eng_file *files;       /* Owned: [nr_backings]. */
-  struct eng_conn *conns;
+  list_head conns;              /* struct eng_conn, by link. */
   uint64_t next_seq;            /* Sequence numbers start at 1. */
   uint64_t next_batch;
-  struct eng_op *unf_head, *unf_tail;   /* Unfinished mutations. */
-  struct op_list flush_wait;    /* By horizon. */
-  struct op_list read_wait;
+  list_head unfinished;         /* Unfinished mutations, by unf. */
+  list_head flush_wait;         /* By horizon, by wait. */
+  list_head read_wait;          /* By wait. */
   struct eng_op *shutdown_op;
   uint64_t bytes;
   uint64_t lost;
@@ -232,7 +229,7 @@ struct engine {
   uint64_t sync_round;          /* Rounds of syncs begun. */
   unsigned sync_pending;        /* Syncs of the last round not done; 0:
                                  * no round in flight. */
-  struct op_list sync_wait;     /* OP_SYNC_WAIT, by sync_round. */
+  list_head sync_wait;          /* OP_SYNC_WAIT, by sync_round, by wait. */
   bool deadline_earlier;        /* See engine_deadline_may_be_earlier. */
   uint64_t unplugs_tried;       /* For cfg.inject_unplug_nomem. */
   struct stats_unflushed unflushed;     /* See stats.h. */
@@ -318,51 +315,26 @@ log_run (struct engine *e, const struct eng_run *r, const char *what,
            strerror (err), more);
 }
 
-static void
-list_append (struct op_list *l, struct eng_op *op)
+/* The first op waiting on l, or NULL. */
+static struct eng_op *
+wait_first (list_head *l)
 {
-  op->wnext = NULL;
-  op->wprev = l->tail;
-  if (l->tail)
-    l->tail->wnext = op;
-  else
-    l->head = op;
-  l->tail = op;
-}
-
-static void
-list_remove (struct op_list *l, struct eng_op *op)
-{
-  if (op->wprev)
-    op->wprev->wnext = op->wnext;
-  else
-    l->head = op->wnext;
-  if (op->wnext)
-    op->wnext->wprev = op->wprev;
-  else
-    l->tail = op->wprev;
-  op->wprev = op->wnext = NULL;
+  return list_first (l, struct eng_op, wait);
 }
 
 void
 eng_actions_init (struct eng_actions *a)
 {
-  a->issue = NULL;
-  a->issue_tail = &a->issue;
-  a->sync = NULL;
-  a->sync_tail = &a->sync;
-  a->reply = NULL;
-  a->reply_tail = &a->reply;
-  a->release = NULL;
-  a->release_tail = &a->release;
+  list_init (&a->issue);
+  list_init (&a->sync);
+  list_init (&a->reply);
+  list_init (&a->release);
 }
 
 static void
 act_issue (struct eng_actions *out, struct eng_run *r)
 {
-  r->issue_next = NULL;
-  *out->issue_tail = r;
-  out->issue_tail = &r->issue_next;
+  list_add_tail (&out->issue, &r->issue_link);
 }
 
 /* Answer op's client with err (once). */
@@ -375,9 +347,7 @@ op_answer (struct eng_op *op, int err, struct eng_actions *out)
   if (op->conn)
     op->conn->nr_waiting--;
   op->err = err;
-  op->reply_next = NULL;
-  *out->reply_tail = op;
-  out->reply_tail = &op->reply_next;
+  list_add_tail (&out->reply, &op->reply_link);
 }
 
 /* The engine is done with op: the caller frees it. */
@@ -386,9 +356,7 @@ op_release (struct eng_op *op, struct eng_actions *out)
 {
   assert (!op->reply_pending);
   op->state = OP_FINISHED;
-  op->release_next = NULL;
-  *out->release_tail = op;
-  out->release_tail = &op->release_next;
+  list_add_tail (&out->release, &op->release_link);
 }
 
 static struct eng_run *
@@ -421,6 +389,11 @@ engine_new (const struct eng_config *cfg)
     return NULL;
   }
   e->cfg = *cfg;
+  list_init (&e->conns);
+  list_init (&e->unfinished);
+  list_init (&e->flush_wait);
+  list_init (&e->read_wait);
+  list_init (&e->sync_wait);
   if (e->cfg.retry.max_delay_ns < e->cfg.retry.delay_ns)
     e->cfg.retry.max_delay_ns = e->cfg.retry.delay_ns;
   /* The run header lives in front of each merged run (plug.h). */
@@ -436,6 +409,8 @@ engine_new (const struct eng_config *cfg)
   for (b = 0; b < cfg->nr_backings; ++b) {
     struct eng_file *f = &e->files[b];
 
+    list_init (&f->queue);
+    list_init (&f->ready);
     f->max_inflight = cfg->max_inflight;
     f->direct_rule = ENG_DIRECT_UNMERGED;
     itree_init (&f->index, cfg->seed + b);
@@ -484,16 +459,15 @@ engine_free (struct engine *e)
 
   if (e == NULL)
     return;
-  assert (e->conns == NULL);
+  assert (list_empty (&e->conns));
   for (b = 0; b < e->cfg.nr_backings; ++b) {
     struct eng_file *f = &e->files[b];
+    struct eng_run *r;
 
-    while (f->head) {
-      struct eng_run *r = f->head;
-
-      f->head = r->qnext;
-      run_free (r);
-    }
+    /* engine_new may fail before the file's lists are made. */
+    if (f->queue.next != NULL)
+      while ((r = list_pop (&f->queue, struct eng_run, qlink)) != NULL)
+        run_free (r);
     span_vector_reset (&f->lost);
     span_vector_reset (&f->written);
     span_vector_reset (&f->syncing);
@@ -536,10 +510,8 @@ engine_conn_open (struct engine *e, struct plug_stats *stats)
     c->recent_start[i] = UINT64_MAX;    /* Empty: near nothing. */
     c->recent_end[i] = 0;
   }
-  c->next = e->conns;
-  if (e->conns)
-    e->conns->prev = c;
-  e->conns = c;
+  list_init (&c->mem_wait);
+  list_add_head (&e->conns, &c->link);
   return c;
 }
 
@@ -553,43 +525,20 @@ void
 engine_conn_free (struct engine *e, struct eng_conn *c)
 {
   assert (c->nr_unfinished == 0 && c->nr_runs == 0 &&
-          c->mem_wait.head == NULL && plug_is_empty (&c->plug));
-  if (c->prev)
-    c->prev->next = c->next;
-  else
-    e->conns = c->next;
-  if (c->next)
-    c->next->prev = c->prev;
+          list_empty (&c->mem_wait) && plug_is_empty (&c->plug));
+  (void) e;
+  list_del (&c->link);
   plug_free (&c->plug);
   free (c);
 }
 
 /* ---- the unfinished list ---- */
 
-static void
-unf_append (struct engine *e, struct eng_op *op)
+/* The oldest unfinished mutation, or NULL. */
+static const struct eng_op *
+unf_oldest (const struct engine *e)
 {
-  op->unf_next = NULL;
-  op->unf_prev = e->unf_tail;
-  if (e->unf_tail)
-    e->unf_tail->unf_next = op;
-  else
-    e->unf_head = op;
-  e->unf_tail = op;
-}
-
-static void
-unf_remove (struct engine *e, struct eng_op *op)
-{
-  if (op->unf_prev)
-    op->unf_prev->unf_next = op->unf_next;
-  else
-    e->unf_head = op->unf_next;
-  if (op->unf_next)
-    op->unf_next->unf_prev = op->unf_prev;
-  else
-    e->unf_tail = op->unf_prev;
-  op->unf_prev = op->unf_next = NULL;
+  return list_first (&e->unfinished, struct eng_op, unf);
 }
 
 /* ---- THE RECORD: spans of lost data ---- */
@@ -900,9 +849,7 @@ start_round (struct engine *e, struct plug_stats *stats, uint64_t now,
     f->heals = t;
     f->sync_state = SYNC_INFLIGHT;
     f->sync.backing = b;
-    f->sync.next = NULL;
-    *out->sync_tail = &f->sync;
-    out->sync_tail = &f->sync.next;
+    list_add_tail (&out->sync, &f->sync.link);
     e->sync_pending++;
     f->counts.syncs++;
     if (stats)
@@ -920,8 +867,9 @@ round_done (struct engine *e, uint64_t now, struct eng_actions *out)
 {
   struct eng_op *op;
 
-  while ((op = e->sync_wait.head) != NULL && op->sync_round <= e->sync_round) {
-    list_remove (&e->sync_wait, op);
+  while ((op = wait_first (&e->sync_wait)) != NULL &&
+         op->sync_round <= e->sync_round) {
+    list_del (&op->wait);
     if (op->conn)
       STATS_ADD (op->conn->stats->synced_answers, 1);
     sync_answer (e, op, out);
@@ -945,7 +893,7 @@ wait_sync (struct engine *e, struct eng_op *op, uint64_t now,
   }
   op->state = OP_SYNC_WAIT;
   op->sync_round = need;
-  list_append (&e->sync_wait, op);
+  list_add_tail (&e->sync_wait, &op->wait);
   if (e->sync_pending == 0)
     start_round (e, op->conn ? op->conn->stats : NULL, now, out);
 }
@@ -1047,7 +995,7 @@ op_finish (struct engine *e, struct eng_op *op, uint64_t now,
 {
   struct eng_conn *c = op->conn, *o;
 
-  unf_remove (e, op);
+  list_del (&op->unf);
   c->nr_unfinished--;
   c->bytes -= op->bytes;
   e->bytes -= op->bytes;
@@ -1059,7 +1007,7 @@ op_finish (struct engine *e, struct eng_op *op, uint64_t now,
        */
       e->lost++;
       STATS_ADD (c->stats->lost, 1);
-      for (o = e->conns; o != NULL; o = o->next)
+      list_for_each (o, &e->conns, link)
         o->last_err = op->err;
     }
   }
@@ -1138,14 +1086,7 @@ run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
   itree_remove (&f->index, &r->node);
   if (r->state == RUN_READY)
     ready_remove (f, r);
-  if (r->qprev)
-    r->qprev->qnext = r->qnext;
-  else
-    f->head = r->qnext;
-  if (r->qnext)
-    r->qnext->qprev = r->qprev;
-  else
-    f->tail = r->qprev;
+  list_del (&r->qlink);
   if (r->state != RUN_INFLIGHT)
     f->nr_queued--;
   r->conn->nr_runs--;
@@ -1210,13 +1151,7 @@ ready_append (struct eng_file *f, struct eng_run *r)
   assert (r->state == RUN_BLOCKED && r->nr_blockers == 0);
   f->nr_blocked--;
   r->state = RUN_READY;
-  r->rnext = NULL;
-  r->rprev = f->ready_tail;
-  if (f->ready_tail)
-    f->ready_tail->rnext = r;
-  else
-    f->ready_head = r;
-  f->ready_tail = r;
+  list_add_tail (&f->ready, &r->ready_link);
 }
 
 /* A run back from the backend ("not now", or a piece of a failed run)
@@ -1227,28 +1162,15 @@ ready_push (struct eng_file *f, struct eng_run *r)
 {
   r->state = RUN_READY;
   r->nr_blockers = 0;
-  r->rprev = NULL;
-  r->rnext = f->ready_head;
-  if (f->ready_head)
-    f->ready_head->rprev = r;
-  else
-    f->ready_tail = r;
-  f->ready_head = r;
+  list_add_head (&f->ready, &r->ready_link);
 }
 
 static void
 ready_remove (struct eng_file *f, struct eng_run *r)
 {
   assert (r->state == RUN_READY);
-  if (r->rprev)
-    r->rprev->rnext = r->rnext;
-  else
-    f->ready_head = r->rnext;
-  if (r->rnext)
-    r->rnext->rprev = r->rprev;
-  else
-    f->ready_tail = r->rprev;
-  r->rprev = r->rnext = NULL;
+  (void) f;
+  list_del (&r->ready_link);
 }
 
 /* q (blocked) now waits for n older runs; at 0 it is free to go. */
@@ -1265,7 +1187,7 @@ set_blockers (struct eng_file *f, struct eng_run *q, size_t n)
 struct order_walk {
   struct eng_file *f;
   struct eng_run *r;
-  const struct eng_run *pieces;         /* split_run: r's pieces. */
+  list_head *pieces;            /* split_run: r's pieces, by qlink. */
   struct engine *e;
 };
 
@@ -1326,7 +1248,7 @@ count_blockers (struct engine *e, struct eng_file *f, uint64_t batch,
                 struct plug_run *const *v, size_t n)
 {
   struct order_walk w = { .pieces = NULL };
-  bool older = f->head->batch < batch;
+  bool older = list_first (&f->queue, struct eng_run, qlink)->batch < batch;
   size_t i;
 
   for (i = 0; i < n; ++i) {
@@ -1359,14 +1281,8 @@ queue_append (struct engine *e, struct eng_run *r)
   r->state = RUN_BLOCKED;
   f->nr_blocked++;
   r->nr_blockers = 0;
-  r->rprev = r->rnext = NULL;
-  r->qnext = NULL;
-  r->qprev = f->tail;
-  if (f->tail)
-    f->tail->qnext = r;
-  else
-    f->head = r;
-  f->tail = r;
+  list_init (&r->ready_link);
+  list_add_tail (&f->queue, &r->qlink);
   index_add (f, r);
   f->nr_queued++;
   /* A delayed file's timer runs only while something is queued: its
@@ -1417,7 +1333,7 @@ queue_dispatch (struct engine *e, uint32_t b, uint64_t now, bool force,
   if (f->state == FILE_STALLED && !force)
     return;
   f->state = FILE_RUNNING;
-  while ((r = f->ready_head) != NULL) {
+  while ((r = list_first (&f->ready, struct eng_run, ready_link)) != NULL) {
     if (f->inflight >= f->max_inflight) {
       /* A driver out of tags: the next completion dispatches again. */
       STATS_ADD (r->conn->stats->no_slot, 1);
@@ -1461,7 +1377,7 @@ held_anywhere (const struct engine *e, const struct plug_req *p)
 {
   const struct eng_conn *c;
 
-  for (c = e->conns; c != NULL; c = c->next)
+  list_for_each (c, &e->conns, link)
     if (plug_conflicts (&c->plug, p))
       return true;
   return false;
@@ -1476,7 +1392,7 @@ held_before (const struct engine *e, const struct plug_req *p,
 {
   const struct eng_conn *c;
 
-  for (c = e->conns; c != NULL; c = c->next)
+  list_for_each (c, &e->conns, link)
     if (plug_overlaps_seq (&c->plug, p->backing, p->offset, p->count,
                            max_seq))
       return true;
@@ -1496,7 +1412,7 @@ unplug_overlapping (struct engine *e, const struct plug_req *p,
   struct eng_conn *c;
   bool cleared = true;
 
-  for (c = e->conns; c != NULL; c = c->next)
+  list_for_each (c, &e->conns, link)
     if (plug_conflicts (&c->plug, p)) {
       conn_unplug (e, c, reason, now, out);
       if (!plug_is_empty (&c->plug))
@@ -1666,7 +1582,7 @@ take_in (struct engine *e, struct eng_conn *c, struct eng_op *op,
 {
   op->state = OP_ADMITTED;
   op->seq = e->next_seq++;
-  unf_append (e, op);
+  list_add_tail (&e->unfinished, &op->unf);
   c->nr_unfinished++;
   c->bytes += op->bytes;
   e->bytes += op->bytes;
@@ -1767,14 +1683,15 @@ admit_waiters (struct engine *e, struct eng_conn *c, uint64_t now,
 {
   struct eng_op *op;
 
-  while ((op = c->mem_wait.head) != NULL && !over_memory (e, c, op)) {
+  while ((op = wait_first (&c->mem_wait)) != NULL &&
+         !over_memory (e, c, op)) {
     /* Tried again at the next release, or after the failed unplug's
      * retry (engine_tick).
      */
     if (plug_req_vector_reserve (&c->plug.reqs, op->nr_pieces) == -1 ||
         !make_room (e, op, now, out))
       return;
-    list_remove (&c->mem_wait, op);
+    list_del (&op->wait);
     op->told_ok = true;
     c->nr_told_ok++;
     note_acked (e, op, now);
@@ -1786,7 +1703,7 @@ admit_waiters (struct engine *e, struct eng_conn *c, uint64_t now,
 static void
 refuse_waiter (struct eng_conn *c, struct eng_op *op, struct eng_actions *out)
 {
-  list_remove (&c->mem_wait, op);
+  list_del (&op->wait);
   op_answer (op, c->last_err ? c->last_err : ENOMEM, out);
   op_release (op, out);
 }
@@ -1856,6 +1773,7 @@ single_run (const struct engine *e, struct plug_req *p)
   pr->reqs[0] = p;
   r = run_of (pr);
   r->run = pr;
+  list_init (&r->issue_link);
   return r;
 }
 
@@ -1864,29 +1782,26 @@ static int
 issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
              uint64_t now, struct eng_actions *out)
 {
-  struct eng_run *made = NULL, *r, *next;
+  list_head made = LIST_HEAD_INIT (made);
+  struct eng_run *r;
   struct eng_file *f;
   size_t i;
 
   /* Make every run first: the only failure point comes before any
-   * state changes.  They are chained through issue_next, newest first.
+   * state changes.  They wait on made, by issue_link, in piece order.
    */
   for (i = op->nr_pieces; i-- > 0; ) {
     r = single_run (e, &op->pieces[i]);
     if (r == NULL) {
-      for (r = made; r != NULL; r = next) {
-        next = r->issue_next;
+      while ((r = list_pop (&made, struct eng_run, issue_link)) != NULL)
         run_free (r);
-      }
       return -1;
     }
-    r->issue_next = made;
-    made = r;
+    list_add_head (&made, &r->issue_link);
   }
 
   take_in (e, c, op, now);
-  for (r = made; r != NULL; r = next) {
-    next = r->issue_next;
+  while ((r = list_pop (&made, struct eng_run, issue_link)) != NULL) {
     r->run->reqs[0]->seq = op->seq;
     r->conn = c;
     r->batch = e->next_batch++;
@@ -1964,7 +1879,7 @@ engine_try_direct (struct engine *e, struct eng_conn *c, struct eng_op *op,
   large = e->cfg.direct_min > 0 && op->count >= e->cfg.direct_min;
   if (!e->cfg.direct || (near && !large) || (op->flags & ENG_F_FAST) ||
       e->state != ENGINE_RUNNING || c->state != CONN_OPEN ||
-      c->mem_wait.head != NULL || !pieces_valid (e, op) ||
+      !list_empty (&c->mem_wait) || !pieces_valid (e, op) ||
       (!large && !unmerged_direct (e, op)))
     return false;
   prepare_pieces (c, op, now);
@@ -2008,7 +1923,7 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
     }
     return 0;
   }
-  if (wb && (c->mem_wait.head != NULL || over_memory (e, c, op))) {
+  if (wb && (!list_empty (&c->mem_wait) || over_memory (e, c, op))) {
     /* At the bound the writer waits for memory, bounded by
      * requeue-timeout; the plug goes out so that memory comes back.
      */
@@ -2016,7 +1931,7 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
     op->reply_pending = true;
     c->nr_waiting++;
     op->deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
-    list_append (&c->mem_wait, op);
+    list_add_tail (&c->mem_wait, &op->wait);
     deadline_earlier (e);
     conn_unplug (e, c, PLUG_UNPLUG_MEMORY, now, out);
     check_parked (e, c, now, out);
@@ -2048,7 +1963,9 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
 static bool
 flush_ready (const struct engine *e, const struct eng_op *op)
 {
-  return e->unf_head == NULL || e->unf_head->seq > op->horizon;
+  const struct eng_op *oldest = unf_oldest (e);
+
+  return oldest == NULL || oldest->seq > op->horizon;
 }
 
 /* blk-flush's FUA shortcut: a file to which the FLUSH's unplugs (one
@@ -2065,10 +1982,13 @@ mark_flush_fua (struct engine *e, uint64_t first_batch)
   uint32_t b;
 
   for (b = 0; b < e->cfg.nr_backings; ++b) {
-    struct eng_run *last = e->files[b].tail;
+    list_head *q = &e->files[b].queue;
+    struct eng_run *last = list_last (q, struct eng_run, qlink), *prev;
 
-    if (last != NULL && last->batch >= first_batch &&
-        (last->qprev == NULL || last->qprev->batch < first_batch))
+    if (last == NULL || last->batch < first_batch)
+      continue;
+    prev = list_prev (q, last, qlink);
+    if (prev == NULL || prev->batch < first_batch)
       last->flush_fua = true;
   }
 }
@@ -2095,12 +2015,12 @@ submit_flush (struct engine *e, struct eng_conn *c, struct eng_op *op,
   /* blk_finish_plug on every plug: with multi-conn, a FLUSH covers what
    * any connection acknowledged.
    */
-  for (o = e->conns; o != NULL; o = o->next)
+  list_for_each (o, &e->conns, link)
     conn_unplug (e, o, PLUG_UNPLUG_FLUSH, now, out);
   mark_flush_fua (e, first_batch);
   dispatch_all (e, now, true, out);
   op->state = OP_WAITING;
-  list_append (&e->flush_wait, op);
+  list_add_tail (&e->flush_wait, &op->wait);
   check_waiters (e, now, out);
 }
 
@@ -2143,7 +2063,7 @@ submit_read (struct engine *e, struct eng_conn *c, struct eng_op *op,
     return;
   }
   op->state = OP_WAITING;
-  list_append (&e->read_wait, op);
+  list_add_tail (&e->read_wait, &op->wait);
   check_parked (e, c, now, out);
 }
 
@@ -2159,8 +2079,7 @@ submit_close (struct engine *e, struct eng_conn *c, struct eng_op *op,
   op->state = OP_WAITING;
   c->close_op = op;
   /* No worker is left to wait for memory. */
-  while ((w = c->mem_wait.head) != NULL) {
-    list_remove (&c->mem_wait, w);
+  while ((w = list_pop (&c->mem_wait, struct eng_op, wait)) != NULL) {
     op_answer (w, ESHUTDOWN, out);
     op_release (w, out);
   }
@@ -2182,7 +2101,7 @@ submit_shutdown (struct engine *e, struct eng_conn *c, struct eng_op *op,
     c->nr_waiting++;
   op->state = OP_WAITING;
   e->shutdown_op = op;
-  for (o = e->conns; o != NULL; o = o->next)
+  list_for_each (o, &e->conns, link)
     conn_unplug (e, o, PLUG_UNPLUG_CLOSE, now, out);
   dispatch_all (e, now, true, out);
   check_waiters (e, now, out);
@@ -2198,6 +2117,13 @@ engine_submit (struct engine *e, struct eng_conn *c, struct eng_op *op,
   op->err = 0;
   op->conn = c;
   op->state = OP_NEW;
+  /* The caller's op may come from calloc or a cache: its links are
+   * made here, unlinked.
+   */
+  list_init (&op->unf);
+  list_init (&op->wait);
+  list_init (&op->reply_link);
+  list_init (&op->release_link);
 
   switch (op->kind) {
   case ENG_WRITE:
@@ -2252,7 +2178,7 @@ rewait_one_newer (struct itree_node *node, void *opaque)
   if (q->batch <= w->r->batch)
     return false;
   assert (q->state == RUN_BLOCKED && q->nr_blockers > 0);
-  for (n = w->pieces; n != NULL; n = n->qnext) {
+  list_for_each (n, w->pieces, qlink) {
     w->e->order_checks++;
     k += n->run->offset < q->node.end &&
       q->node.start < n->run->offset + n->run->count;
@@ -2269,8 +2195,10 @@ rewait_one_newer (struct itree_node *node, void *opaque)
 static int
 split_run (struct engine *e, struct eng_file *f, struct eng_run *r)
 {
-  struct eng_run *made = NULL, *n, *next, *prev;
-  struct order_walk w = { .pieces = NULL };
+  list_head made = LIST_HEAD_INIT (made);
+  struct list_node *before = r->qlink.prev, *node;
+  struct eng_run *n;
+  struct order_walk w = { .pieces = &made };
   size_t i;
 
   for (i = r->run->n; i-- > 0; ) {
@@ -2278,45 +2206,32 @@ split_run (struct engine *e, struct eng_file *f, struct eng_run *r)
 
     n = single_run (e, p);
     if (n == NULL) {
-      for (n = made; n != NULL; n = next) {
-        next = n->qnext;
+      while ((n = list_pop (&made, struct eng_run, qlink)) != NULL)
         run_free (n);
-      }
       return -1;
     }
     n->conn = r->conn;
     n->batch = r->batch;
     n->min_seq = p->seq;
-    n->qnext = made;
-    made = n;
+    list_add_head (&made, &n->qlink);
   }
-  w.pieces = made;
   if (f->nr_blocked > 0)
     walk_overlapping (e, f, r, rewait_one_newer, &w);
   itree_remove (&f->index, &r->node);
   /* Replace r by the pieces, in offset order, where r stood. */
-  prev = r->qprev;
-  for (n = made; n != NULL; n = n->qnext) {
-    n->qprev = prev;
-    if (prev)
-      prev->qnext = n;
-    else
-      f->head = n;
-    prev = n;
+  while ((n = list_pop (&made, struct eng_run, qlink)) != NULL) {
+    list_add_before (&r->qlink, &n->qlink);
     index_add (f, n);
     f->nr_queued++;
     r->conn->nr_runs++;
   }
-  prev->qnext = r->qnext;
-  if (r->qnext)
-    r->qnext->qprev = prev;
-  else
-    f->tail = prev;
+  node = r->qlink.prev;
+  list_del (&r->qlink);
   /* r was in flight, so no older run overlapped it, nor its pieces: they
    * go out again first, in offset order.
    */
-  for (n = prev; n != r->qprev; n = n->qprev)
-    ready_push (f, n);
+  for (; node != before; node = node->prev)
+    ready_push (f, list_entry (node, struct eng_run, qlink));
   r->conn->nr_runs--;
   run_free (r);
   return 0;
@@ -2455,7 +2370,7 @@ log_suppressed (struct engine *e)
 static bool
 conn_settled (const struct eng_conn *c)
 {
-  return c->nr_unfinished == 0 && c->mem_wait.head == NULL;
+  return c->nr_unfinished == 0 && list_empty (&c->mem_wait);
 }
 
 static void
@@ -2464,20 +2379,17 @@ check_waiters (struct engine *e, uint64_t now, struct eng_actions *out)
   struct eng_op *op, *next;
   struct eng_conn *c, *cnext;
 
-  while ((op = e->flush_wait.head) != NULL && flush_ready (e, op)) {
-    list_remove (&e->flush_wait, op);
+  while ((op = wait_first (&e->flush_wait)) != NULL && flush_ready (e, op)) {
+    list_del (&op->wait);
     wait_sync (e, op, now, out);
   }
-  for (op = e->read_wait.head; op != NULL; op = next) {
-    next = op->wnext;
+  list_for_each_safe (op, next, &e->read_wait, wait)
     if (!read_blocked (e, op)) {
-      list_remove (&e->read_wait, op);
+      list_del (&op->wait);
       op_answer (op, 0, out);
       op_release (op, out);
     }
-  }
-  for (c = e->conns; c != NULL; c = cnext) {
-    cnext = c->next;
+  list_for_each_safe (c, cnext, &e->conns, link) {
     admit_waiters (e, c, now, out);
     if (c->close_op && conn_settled (c)) {
       op = c->close_op;
@@ -2487,7 +2399,7 @@ check_waiters (struct engine *e, uint64_t now, struct eng_actions *out)
       op_release (op, out);
     }
   }
-  if (e->shutdown_op && e->unf_head == NULL) {
+  if (e->shutdown_op && list_empty (&e->unfinished)) {
     op = e->shutdown_op;
     e->shutdown_op = NULL;
     log_suppressed (e);
@@ -2523,7 +2435,7 @@ engine_tick (struct engine *e, uint64_t now, struct eng_actions *out)
   struct eng_conn *c;
   uint32_t b;
 
-  for (c = e->conns; c != NULL; c = c->next) {
+  list_for_each (c, &e->conns, link) {
     struct eng_op *op;
 
     if (!plug_is_empty (&c->plug) && now >= plug_deadline (e, c)) {
@@ -2543,7 +2455,7 @@ engine_tick (struct engine *e, uint64_t now, struct eng_actions *out)
       conn_unplug (e, c, aged ? PLUG_UNPLUG_MAX_DELAY : PLUG_UNPLUG_IDLE,
                    now, out);
     }
-    while ((op = c->mem_wait.head) != NULL && now >= op->deadline_ns)
+    while ((op = wait_first (&c->mem_wait)) != NULL && now >= op->deadline_ns)
       refuse_waiter (c, op, out);
   }
   for (b = 0; b < e->cfg.nr_backings; ++b) {
@@ -2551,7 +2463,8 @@ engine_tick (struct engine *e, uint64_t now, struct eng_actions *out)
 
     if (f->state == FILE_DELAYED && f->nr_queued > 0 &&
         now >= f->delay_until) {
-      STATS_ADD (f->head->conn->stats->timer_fired, 1);
+      STATS_ADD (list_first (&f->queue, struct eng_run, qlink)->conn->stats->
+                 timer_fired, 1);
       queue_dispatch (e, b, now, false, out);
     }
   }
@@ -2574,10 +2487,12 @@ engine_next_deadline (const struct engine *e)
   uint64_t d = UINT64_MAX;
   uint32_t b;
 
-  for (c = e->conns; c != NULL; c = c->next) {
+  list_for_each (c, &e->conns, link) {
+    const struct eng_op *w = list_first (&c->mem_wait, struct eng_op, wait);
+
     d = MIN (d, plug_deadline (e, c));
-    if (c->mem_wait.head)
-      d = MIN (d, c->mem_wait.head->deadline_ns);
+    if (w)
+      d = MIN (d, w->deadline_ns);
   }
   for (b = 0; b < e->cfg.nr_backings; ++b)
     if (e->files[b].state == FILE_DELAYED && e->files[b].nr_queued > 0)
@@ -2588,7 +2503,7 @@ engine_next_deadline (const struct engine *e)
 bool
 engine_quiet (const struct engine *e)
 {
-  return e->unf_head == NULL;
+  return list_empty (&e->unfinished);
 }
 
 void
@@ -2599,13 +2514,13 @@ engine_counts (const struct engine *e, struct eng_counts *n)
   uint32_t b;
 
   memset (n, 0, sizeof *n);
-  for (c = e->conns; c != NULL; c = c->next)
+  list_for_each (c, &e->conns, link)
     n->held += c->plug.reqs.len;
   for (b = 0; b < e->cfg.nr_backings; ++b) {
     n->queued += e->files[b].nr_queued;
     n->inflight += e->files[b].inflight;
   }
-  for (op = e->unf_head; op != NULL; op = op->unf_next)
+  list_for_each (op, &e->unfinished, unf)
     n->unfinished++;
   n->bytes = e->bytes;
   n->lost = e->lost;
@@ -2634,7 +2549,7 @@ engine_snapshot (const struct engine *e, struct stats_report *r,
 
   stats_unflushed_total (&e->unflushed, &r->unflushed);
   r->held = r->queued = r->inflight = 0;
-  for (c = e->conns; c != NULL; c = c->next)
+  list_for_each (c, &e->conns, link)
     r->held += c->plug.reqs.len;
   for (b = 0; b < e->cfg.nr_backings; ++b) {
     const struct eng_file *f = &e->files[b];

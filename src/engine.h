@@ -79,6 +79,7 @@
 #include <stdint.h>
 
 #include "itree.h"
+#include "list.h"
 #include "plug.h"
 #include "retry.h"
 #include "stats.h"
@@ -199,11 +200,11 @@ struct eng_op {
   bool told_ok;                 /* The client was told "written" before
                                  * the data finished (writeback): a later
                                  * failure enters THE RECORD. */
-  struct eng_op *unf_prev, *unf_next;   /* Unfinished mutations, by seq. */
+  struct list_node unf;         /* Unfinished mutations, by seq. */
   struct stats_flush_mark flush_mark;   /* FLUSH, SHUTDOWN: its window of
                                          * the unflushed (stats.h). */
-  struct eng_op *wprev, *wnext;         /* A waiting list. */
-  struct eng_op *reply_next, *release_next;     /* Action lists. */
+  struct list_node wait;        /* A waiting list. */
+  struct list_node reply_link, release_link;    /* Action lists. */
 };
 
 enum eng_run_state {
@@ -230,10 +231,9 @@ struct eng_run {
                                  * unfinished runs of its file that
                                  * overlap it; 0 otherwise. */
   struct itree_node node;       /* Its file's index of unfinished runs. */
-  struct eng_run *rprev, *rnext;        /* RUN_READY: its file's ready
-                                         * list. */
+  struct list_node ready_link;  /* RUN_READY: its file's ready list. */
   uint64_t issued_ns;           /* Last issued (hold mode's pacing). */
-  struct eng_run *qprev, *qnext;        /* Its file's queue. */
+  struct list_node qlink;       /* Its file's queue. */
   /* Set by the engine, read by the issuer: made by a FLUSH's unplugs,
    * the only run of its file among them (over every connection's plug,
    * since the FLUSH unplugs them all).  The FLUSH syncs the file
@@ -244,7 +244,9 @@ struct eng_run {
    * one sync covers them all, where FUA could cost one sync each.
    */
   bool flush_fua;
-  struct eng_run *issue_next;           /* Action list. */
+  struct list_node issue_link;  /* Action list; the issuer may reuse it
+                                 * for its own queue once the run is off
+                                 * the action list. */
 };
 
 /* A sync of one backing file (fdatasync, or NBD_CMD_FLUSH to a remote):
@@ -254,23 +256,26 @@ struct eng_run {
  */
 struct eng_sync {
   uint32_t backing;
-  struct eng_sync *next;        /* Action list. */
+  struct list_node link;        /* Action list; the issuer may reuse it
+                                 * once the sync is off that list. */
 };
 
 /* What the caller must do after dropping its lock: issue every run in
  * `issue` (and hand each back with engine_complete), every sync in
- * `sync` (engine_sync_done), answer every op in
- * `reply` with op->err, and free every op in `release` (an op may be on
- * both; answer first).  An op answered before it finished (a writer let
- * in after waiting for memory) may be released by a later call, whose
- * actions another thread may carry out first: read what an answer needs
- * (op->waiter, op->err) from the reply list before dropping the lock.
+ * `sync` (engine_sync_done), answer every op in `reply` with op->err,
+ * and free every op in `release` (an op may be on both; answer first).
+ * The heads point into the struct itself: it is initialised in place
+ * (eng_actions_init) and never copied.  An op answered before it
+ * finished (a writer let in after waiting for memory) may be released
+ * by a later call, whose actions another thread may carry out first:
+ * read what an answer needs (op->waiter, op->err) from the reply list
+ * before dropping the lock.
  */
 struct eng_actions {
-  struct eng_run *issue, **issue_tail;
-  struct eng_sync *sync, **sync_tail;
-  struct eng_op *reply, **reply_tail;
-  struct eng_op *release, **release_tail;
+  list_head issue;              /* struct eng_run, by issue_link. */
+  list_head sync;               /* struct eng_sync, by link. */
+  list_head reply;              /* struct eng_op, by reply_link. */
+  list_head release;            /* struct eng_op, by release_link. */
 };
 
 extern void eng_actions_init (struct eng_actions *a)

@@ -82,9 +82,10 @@ perform (struct eng_actions *a)
 {
   struct eng_run *r;
   struct eng_op *op, *next;
-  struct eng_sync *s, *snext, *done = NULL;
+  struct eng_sync *s, *snext;
+  list_head done = LIST_HEAD_INIT (done);
 
-  for (r = a->issue; r != NULL; r = r->issue_next) {
+  list_for_each (r, &a->issue, issue_link) {
     if (run_issued)
       run_issued (r);
     if (overlaps_inflight (r))
@@ -92,19 +93,17 @@ perform (struct eng_actions *a)
     if (nr_inflight < MAX_INFLIGHT)
       inflight[nr_inflight++] = r;
   }
-  for (s = a->sync; s != NULL; s = snext) {
-    snext = s->next;
+  list_for_each_safe (s, snext, &a->sync, link) {
+    list_del (&s->link);
     nr_syncs++;
     if (sync_issued)
       sync_issued (s->backing);
     if (hold_syncs && nr_syncs_inflight < MAX_SYNCS)
       syncs_inflight[nr_syncs_inflight++] = s;
-    else {
-      s->next = done;
-      done = s;
-    }
+    else
+      list_add_head (&done, &s->link);
   }
-  for (op = a->reply; op != NULL; op = op->reply_next) {
+  list_for_each (op, &a->reply, reply_link) {
     struct result *res = op->waiter;
 
     if (op_answered)
@@ -113,18 +112,16 @@ perform (struct eng_actions *a)
     res->err = op->err;
     res->answer_no = ++nr_answers;
   }
-  for (op = a->release; op != NULL; op = next) {
-    next = op->release_next;
+  list_for_each_safe (op, next, &a->release, release_link) {
     if (op_released)
       op_released (op);
     ((struct result *) op->waiter)->released = true;
   }
   eng_actions_init (a);
   check_timer ();
-  for (s = done; s != NULL; s = snext) {
+  while ((s = list_pop (&done, struct eng_sync, link)) != NULL) {
     struct eng_actions b;
 
-    snext = s->next;
     eng_actions_init (&b);
     engine_sync_done (e, s, 0, now, &b);
     perform (&b);
