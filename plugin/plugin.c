@@ -635,7 +635,7 @@ static char idle_text[64] = "1ms", max_delay_text[64] = "10ms";
 
 /* An idle= longer than max-delay= never fires: the oldest held
  * request is at least as old as the last one, so max-delay= always
- * comes first (plug_deadline in src/engine.c).  Harmless (the plug
+ * comes first (plug_deadline in src/engine-life.c).  Harmless (the plug
  * still unplugs, at max-delay=), so nbdkit starts; but whoever set it
  * expected the plug to wait that long, so it is said.
  */

@@ -1253,7 +1253,7 @@ done_push (struct remote *r, struct rcmd *cmd)
  * reports a writeback error to one sync of the file only, so what it
  * answered unflushed on any connection may be gone although its next
  * FLUSH succeeds (the plugin assumes the same of its own files:
- * engine.c, sync_failed).  The write's own client is told the error.
+ * engine-durable.c, sync_failed).  The write's own client is told the error.
  */
 static void
 fua_failed (struct remote *r, const struct rcmd *cmd)

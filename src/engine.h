@@ -35,10 +35,10 @@
  *  - QUEUE ORDER.  A run is issued only when no unfinished run created
  *    earlier for the same file overlaps it.  With the rule above,
  *    overlapping data reaches the file in sequence order, whichever
- *    connections it came from.  Kept by counting (eng_run.nr_blockers,
- *    engine.c "QUEUE ORDER, kept by counting") over an index of the
- *    unfinished runs by offset, so that each event looks only at what
- *    overlaps it.
+ *    connections it came from.  Kept by counting
+ *    (eng_run.nr_blockers, engine-queue.c "QUEUE ORDER, kept by
+ *    counting") over an index of the unfinished runs by offset, so that
+ *    each event looks only at what overlaps it.
  *  - NEVER DROPPED.  "Not now" (EAGAIN, ENOMEM, EBUSY from the backend,
  *    or no free in-flight slot) leaves a run queued in its place; the
  *    file's queue is delayed (blk_delay_queue) or waits for a completion.

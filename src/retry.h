@@ -11,7 +11,7 @@
  * backend that stays short of resources is not polled every 3 ms for
  * seconds, and a give-up deadline so that no request waits forever.
  *
- * The engine (engine.c) keeps one struct retry_state per backing-file
+ * The engine (engine-queue.c) keeps one struct retry_state per backing-file
  * queue for the backoff and asks retry_delay() for each delay.
  */
 #ifndef NBDPLUG_RETRY_H

@@ -21,7 +21,7 @@
 #    after the pwrite calls that put both writes there had returned.
 #    (Order through the one system clock strace and the client both
 #    read: no duration is asserted.)
-# Shown able to fail: with submit_flush (src/engine.c) unplugging only
+# Shown able to fail: with submit_flush (src/engine-durable.c) unplugging only
 # the flushing connection's plug, "1 plugs unplugged by the FLUSH,
 # expected 2 (A's and B's)" and "a timer unplugged: idle 1" (the FLUSH
 # waited for A's idle timer).

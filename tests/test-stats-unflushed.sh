@@ -13,7 +13,7 @@
 # connection, empties it again.  Then nbdplug-stat --once prints the
 # report with the fields expected.  Reports are waited for by polling
 # (no duration asserted).
-# Shown able to fail: with note_acked (src/engine.c) not counting the
+# Shown able to fail: with note_acked (src/engine-durable.c) not counting the
 # write acknowledged at submit, "unflushed.bytes 0, expected 12800";
 # with a successful FLUSH not emptying the windows it covers
 # (stats_unflushed_flush_end's ok branch made a no-op), "after the FLUSH:

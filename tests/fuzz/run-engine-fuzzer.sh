@@ -34,7 +34,7 @@ if ! $cc -g -O1 -fsanitize=fuzzer,address,undefined \
      -fno-sanitize-recover=undefined \
      -I. -I"$src/src" -I"$src/tests/unit" -I"$src/tests/fuzz" \
      "$src/tests/fuzz/fuzz-engine.c" "$src/tests/unit/engine-model.c" \
-     "$src/tests/unit/engine-harness.c" "$src"/src/engine.c \
+     "$src/tests/unit/engine-harness.c" "$src"/src/engine*.c \
      "$src"/src/itree.c "$src"/src/plug.c "$src"/src/retry.c \
      "$src"/src/stats.c -o "$out/fuzz-engine"; then
   echo "run-engine-fuzzer: could not build the fuzz target with $cc" >&2

@@ -380,7 +380,7 @@ what_answered (const struct mop *q)
 }
 
 /* The newest mutation q answers for: a FLUSH's horizon, everything for
- * the exit (engine.c sync_answer), a FUA mutation's own seq.
+ * the exit (engine-durable.c sync_answer), a FUA mutation's own seq.
  */
 static uint64_t
 answers_upto (const struct mop *q)

@@ -1,0 +1,434 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
+/* engine-int.h: what the engine's rooms share (private to src/engine*.c).
+ *
+ * engine.c    the entry points: engine_submit, engine_complete,
+ *             engine_tick and the accessors.
+ * engine-admit.c   admission and plugging.
+ * engine-queue.c   the per-file dispatch queues.
+ * engine-durable.c THE RECORD, syncs, FLUSH and read horizons.
+ * engine-direct.c  the direct path.
+ * engine-pace.c    hold mode's pacing.
+ * engine-life.c    connections, close, exit, waiting ops, deadlines.
+ */
+#ifndef NBDPLUG_ENGINE_INT_H
+#define NBDPLUG_ENGINE_INT_H
+
+#include <assert.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "list.h"
+#include "ratelimit.h"
+#include "vector.h"
+
+/* Acknowledged-but-unfinished mutations allowed per connection, as a
+ * multiple of max-requests: zeros and trims carry no data, so max-bytes
+ * alone would not bound them.
+ */
+#define ACKED_PER_MAX_REQUEST 4
+
+/* How far back a connection remembers where its requests went, for the
+ * direct path: a request near none of the last NR_RECENT could not merge.
+ */
+#define NR_RECENT 16
+
+/* Hold mode: timer unplugs of a single request in a row, with nobody
+ * else waiting, before the connection stops waiting for idle=.
+ */
+#define LONE_STREAK 2
+
+/* A range of a backing file and the sequence numbers of the mutations
+ * that last wrote it, [seq_lo, seq_hi]: an entry of a file's record of
+ * lost data, or of its set of ranges written since a sync.
+ */
+enum span_extent {
+  SPAN_EXACT,                   /* What its mutations wrote. */
+  SPAN_WIDENED,                 /* The hull of spans past SPAN_CAP: more
+                                 * than they wrote. */
+};
+
+struct span {
+  uint64_t start, end;          /* Bytes [start, end) of the file. */
+  uint64_t seq_lo, seq_hi;
+  int err;                      /* The record: what a FLUSH answers. */
+  enum span_extent extent;
+};
+DEFINE_VECTOR_TYPE (span_vector, struct span)
+
+/* Entries a file's record (or one of its written sets) keeps before it
+ * widens them to one: bounded memory, at the price of over-reporting
+ * (the record) or of recording more as lost when a sync fails (the
+ * written sets), never of under-reporting.
+ */
+#define SPAN_CAP 256
+
+/* A file's sync (engine_sync_done).  One at a time per file: a sync
+ * covers what was written before it began, so a FLUSH that finds one
+ * running after its writes finished needs the next one (the kernel's
+ * blk-flush keeps one flush in flight per queue and merges the flushes
+ * that wait meanwhile into the next).
+ */
+enum sync_state {
+  SYNC_NEVER,                   /* Not synced since the engine was made:
+                                 * the first round syncs it, written or
+                                 * not (it may hold what another process
+                                 * wrote before us). */
+  SYNC_IDLE,
+  SYNC_INFLIGHT,                /* Its eng_sync was given to the caller. */
+};
+
+/* A backing file's dispatch queue (the blk-mq hardware queue). */
+enum file_state {
+  FILE_RUNNING,                 /* Dispatch whenever a slot is free. */
+  FILE_DELAYED,                 /* "Not now" with nothing in flight: run
+                                 * again at delay_until. */
+  FILE_STALLED,                 /* "Not now" with runs in flight: run
+                                 * again when one of them completes. */
+};
+
+struct eng_file {
+  list_head queue;              /* Unfinished runs, creation order, by
+                                 * qlink. */
+  struct itree index;           /* The same runs, by offset. */
+  uint64_t nr_blocked;          /* Runs in RUN_BLOCKED: none, and a
+                                 * finishing run has nobody to release. */
+  list_head ready;              /* RUN_READY runs, in the order they go
+                                 * out, by ready_link. */
+  unsigned inflight;
+  unsigned max_inflight;
+  enum eng_direct_rule direct_rule;
+  uint64_t nr_queued;
+  enum file_state state;
+  uint64_t delay_until;
+  struct retry_state retry;     /* Backoff of the queue. */
+  struct ratelimit log;         /* Error lines about its runs. */
+  struct {                      /* For the statistics (any caller's
+                                 * snapshot, under its lock). */
+    uint64_t not_now, errors, runs, bytes, syncs;
+  } counts;
+
+  /* DURABILITY. */
+  span_vector lost;             /* THE RECORD: acknowledged data that
+                                 * failed for good and was not written
+                                 * again since.  Overlaps allowed. */
+  span_vector written;          /* Written since the last sync began. */
+  span_vector syncing;          /* Written before the sync in flight
+                                 * began: what it covers. */
+  span_vector heals;            /* Of written, the writes over a range
+                                 * then lost: they heal it once synced. */
+  span_vector heals_syncing;    /* Of syncing, the same. */
+  enum sync_state sync_state;
+  struct eng_sync sync;         /* The action, while SYNC_INFLIGHT. */
+};
+
+enum conn_state {
+  CONN_OPEN,
+  CONN_CLOSING,                 /* ENG_CLOSE submitted. */
+};
+
+/* Hold mode: how a connection paces its plug.  In hold mode every
+ * held request parks a worker and its client, so holding pays only
+ * where the backend is the bottleneck: what arrives while a run is
+ * written is what merging gains.
+ */
+enum conn_pace {
+  PACE_PLUG,                    /* Wait for idle= (or another trigger). */
+  PACE_PASSTHROUGH,             /* The client has one request in flight:
+                                 * waiting could never merge anything, it
+                                 * only adds latency.  Unplug at once. */
+  PACE_BUSY,                    /* The backend answers long before the
+                                 * client comes back: unplug at once when
+                                 * nothing of the connection is in flight,
+                                 * else when that finishes (requests merge
+                                 * only while the backend is busy, like
+                                 * the kernel's queue of a busy device). */
+};
+
+/* PACE_PLUG -> PACE_BUSY: a parked unplug found the client took more
+ * than BUSY_RATIO times the backend's time to bring its next batch, or
+ * a timer (idle=, or max-delay= where that is the shorter) had to
+ * unplug with nothing of the connection in flight, BUSY_STREAK times in
+ * a row.  PACE_BUSY -> PACE_PLUG: the
+ * completions of the connection's last run found at least PLUG_GATHER
+ * requests held meanwhile on average over the last BUSY_STREAK (2) that
+ * found any, and together as many as the connection has workers.  With
+ * one run in flight at a time, two batches in a row are the client's
+ * whole queue: it alternates large and small (15, 1, 15, 1 of 16), so
+ * an average and not a streak of large ones; and a queue shorter than
+ * the workers never fires the parked trigger, so holding would only
+ * wait for idle=.
+ */
+#define BUSY_RATIO 4
+#define PLUG_GATHER 4
+#define BUSY_STREAK 2
+
+struct eng_conn {
+  struct engine *e;
+  uint64_t id;                  /* engine_conn_set_id: for messages. */
+  struct list_node link;        /* e->conns. */
+  struct plug_stats *stats;     /* Borrowed from the caller. */
+  enum conn_state state;
+  enum conn_pace pace;
+  unsigned lone_streak;
+  unsigned pace_streak;         /* Toward the other of PLUG and BUSY. */
+  size_t last_gathered;         /* PACE_BUSY: held at the last drain
+                                 * that found any. */
+  uint64_t last_svc_ns;         /* Issue to completion of the last run. */
+  uint64_t drained_ns;          /* When nr_runs last dropped to 0. */
+
+  struct plug plug;
+  uint64_t last_activity_ns;
+  uint64_t unplug_retry_ns;     /* After an unplug ran out of memory. */
+
+  uint64_t bytes;               /* Copied bytes not released. */
+  uint64_t nr_told_ok;          /* Acknowledged, unfinished. */
+  uint64_t nr_unfinished;       /* Admitted mutations not finished. */
+  uint64_t nr_runs;             /* Runs queued or in flight. */
+  unsigned nr_workers;
+  unsigned nr_waiting;          /* Ops whose client waits for an answer. */
+  list_head mem_wait;           /* OP_WAIT_MEMORY, FIFO, by wait. */
+  struct eng_op *close_op;
+
+  int last_err;                 /* Last failure, for refused writers. */
+
+  uint64_t recent_start[NR_RECENT], recent_end[NR_RECENT];
+  unsigned recent_pos;
+};
+
+enum engine_state {
+  ENGINE_RUNNING,
+  ENGINE_SHUTTING_DOWN,         /* ENG_SHUTDOWN submitted. */
+};
+
+struct engine {
+  struct eng_config cfg;
+  enum engine_state state;
+  struct eng_file *files;       /* Owned: [nr_backings]. */
+  list_head conns;              /* struct eng_conn, by link. */
+  uint64_t next_seq;            /* Sequence numbers start at 1. */
+  uint64_t next_batch;
+  list_head unfinished;         /* Unfinished mutations, by unf. */
+  list_head flush_wait;         /* By horizon, by wait. */
+  list_head read_wait;          /* By wait. */
+  struct eng_op *shutdown_op;
+  uint64_t bytes;
+  uint64_t lost;
+  uint64_t order_checks;        /* See struct eng_counts. */
+  uint64_t widened;             /* See struct eng_counts. */
+  size_t run_prefix;
+  uint64_t mem_bound;           /* Copied bytes per connection. */
+  uint64_t nr_lost_spans;       /* Entries in every file's record. */
+  uint64_t sync_round;          /* Rounds of syncs begun. */
+  unsigned sync_pending;        /* Syncs of the last round not done; 0:
+                                 * no round in flight. */
+  list_head sync_wait;          /* OP_SYNC_WAIT, by sync_round, by wait. */
+  bool deadline_earlier;        /* See engine_deadline_may_be_earlier. */
+  uint64_t unplugs_tried;       /* For cfg.inject_unplug_nomem. */
+  struct stats_unflushed unflushed;     /* See stats.h. */
+};
+
+/* ---- small helpers, inline: on every request's path ---- */
+
+/* A deadline appeared, or came nearer: engine_next_deadline may be
+ * earlier than when the caller last asked.
+ */
+static inline void
+deadline_earlier (struct engine *e)
+{
+  e->deadline_earlier = true;
+}
+
+/* The first op waiting on l, or NULL. */
+static inline struct eng_op *
+wait_first (list_head *l)
+{
+  return list_first (l, struct eng_op, wait);
+}
+
+static inline void
+act_issue (struct eng_actions *out, struct eng_run *r)
+{
+  list_add_tail (&out->issue, &r->issue_link);
+}
+
+/* Answer op's client with err (once). */
+static inline void
+op_answer (struct eng_op *op, int err, struct eng_actions *out)
+{
+  if (!op->reply_pending)
+    return;
+  op->reply_pending = false;
+  if (op->conn)
+    op->conn->nr_waiting--;
+  op->err = err;
+  list_add_tail (&out->reply, &op->reply_link);
+}
+
+/* The engine is done with op: the caller frees it. */
+static inline void
+op_release (struct eng_op *op, struct eng_actions *out)
+{
+  assert (!op->reply_pending);
+  op->state = OP_FINISHED;
+  list_add_tail (&out->release, &op->release_link);
+}
+
+static inline struct eng_run *
+run_of (struct plug_run *pr)
+{
+  return plug_run_prefix (pr);
+}
+
+static inline void
+run_free (struct eng_run *r)
+{
+  plug_run_free (r->run);
+}
+
+/* The oldest unfinished mutation, or NULL. */
+static inline const struct eng_op *
+unf_oldest (const struct engine *e)
+{
+  return list_first (&e->unfinished, struct eng_op, unf);
+}
+
+/* The run whose index node is node. */
+static inline struct eng_run *
+run_of_node (struct itree_node *node)
+{
+  return itree_entry (node, struct eng_run, node);
+}
+
+/* ---- engine.c ---- */
+
+extern void __attribute__ ((__format__ (__printf__, 3, 4)))
+eng_log (struct engine *e, int level, const char *fs, ...);
+extern const char *
+file_name (const struct engine *e, uint32_t b, char *buf, size_t n);
+extern void
+log_run (struct engine *e, const struct eng_run *r, const char *what,
+         int err, uint64_t now);
+
+/* ---- engine-life.c ---- */
+
+extern void
+submit_close (struct engine *e, struct eng_conn *c, struct eng_op *op,
+              uint64_t now, struct eng_actions *out);
+extern void
+submit_shutdown (struct engine *e, struct eng_conn *c, struct eng_op *op,
+                 uint64_t now, struct eng_actions *out);
+extern void
+check_waiters (struct engine *e, uint64_t now, struct eng_actions *out);
+extern uint64_t
+plug_deadline (const struct engine *e, const struct eng_conn *c);
+
+/* ---- engine-durable.c ---- */
+
+extern void
+record_lost (struct engine *e, uint32_t b, struct span sp);
+extern void
+wait_sync (struct engine *e, struct eng_op *op, uint64_t now,
+           struct eng_actions *out);
+extern void
+note_acked (struct engine *e, const struct eng_op *op, uint64_t now);
+extern void
+op_finish (struct engine *e, struct eng_op *op, uint64_t now,
+           struct eng_actions *out);
+extern void
+note_written (struct engine *e, const struct eng_run *r);
+extern bool
+flush_ready (const struct engine *e, const struct eng_op *op);
+extern void
+submit_flush (struct engine *e, struct eng_conn *c, struct eng_op *op,
+              uint64_t now, struct eng_actions *out);
+extern bool
+read_blocked (const struct engine *e, const struct eng_op *op);
+extern void
+submit_read (struct engine *e, struct eng_conn *c, struct eng_op *op,
+             uint64_t now, struct eng_actions *out);
+
+/* ---- engine-queue.c ---- */
+
+extern void
+run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
+            struct eng_actions *out);
+extern void
+count_blockers (struct engine *e, struct eng_file *f, uint64_t batch,
+                struct plug_run *const *v, size_t n);
+extern void
+queue_append (struct engine *e, struct eng_run *r);
+extern void
+run_start (struct eng_file *f, struct eng_run *r, uint64_t now,
+           struct eng_actions *out);
+extern void
+queue_dispatch (struct engine *e, uint32_t b, uint64_t now, bool force,
+                struct eng_actions *out);
+extern void
+dispatch_all (struct engine *e, uint64_t now, bool force,
+              struct eng_actions *out);
+extern bool
+queue_overlaps (const struct engine *e, uint32_t b, uint64_t offset,
+                uint64_t count, uint64_t max_seq);
+extern struct eng_run *
+single_run (const struct engine *e, struct plug_req *p);
+extern int
+split_run (struct engine *e, struct eng_file *f, struct eng_run *r);
+extern void
+not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
+         uint64_t now, struct eng_actions *out);
+
+/* ---- engine-admit.c ---- */
+
+extern bool
+held_anywhere (const struct engine *e, const struct plug_req *p);
+extern bool
+held_before (const struct engine *e, const struct plug_req *p,
+             uint64_t max_seq);
+extern bool
+unplug_overlapping (struct engine *e, const struct plug_req *p,
+                    enum plug_reason reason, uint64_t now,
+                    struct eng_actions *out);
+extern void
+conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
+             uint64_t now, struct eng_actions *out);
+extern void
+check_parked (struct engine *e, struct eng_conn *c, uint64_t now,
+              struct eng_actions *out);
+extern void
+take_in (struct engine *e, struct eng_conn *c, struct eng_op *op,
+         uint64_t now);
+extern void
+prepare_pieces (struct eng_conn *c, struct eng_op *op, uint64_t now);
+extern void
+admit_waiters (struct engine *e, struct eng_conn *c, uint64_t now,
+               struct eng_actions *out);
+extern void
+refuse_waiter (struct eng_conn *c, struct eng_op *op, struct eng_actions *out);
+extern bool
+pieces_valid (const struct engine *e, const struct eng_op *op);
+extern int
+submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
+                 uint64_t now, struct eng_actions *out);
+
+/* ---- engine-direct.c ---- */
+
+extern bool
+can_issue_now (struct engine *e, const struct eng_op *op);
+extern int
+issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
+             uint64_t now, struct eng_actions *out);
+
+/* ---- engine-pace.c ---- */
+
+extern void
+pace_idle (struct eng_conn *c);
+extern void
+pace_drained (struct engine *e, struct eng_conn *c, uint64_t now,
+              struct eng_actions *out);
+
+#endif /* NBDPLUG_ENGINE_INT_H */

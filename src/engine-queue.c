@@ -1,0 +1,461 @@
+/* SPDX-License-Identifier: BSD-3-Clause
+ * Copyright the nbdplug authors (see LICENSE).
+ */
+
+/* engine-queue.c: the per-file dispatch queues: QUEUE ORDER kept by
+ * counting, dispatch, "not now" (delay, stall, give up) and the split
+ * of a failed merged run.
+ */
+
+#include <config.h>
+
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine-int.h"
+#include "minmax.h"
+
+/* QUEUE ORDER, kept by counting: a run counts, when it is queued, the
+ * older unfinished runs of its file that overlap it (nr_blockers), and
+ * a run that finishes lets go of the newer runs it overlaps.  A run
+ * with no blockers goes on its file's ready list, so dispatch never
+ * rescans.  Each file keeps its unfinished runs in an index by offset
+ * (src/itree.h), so each event looks only at the runs that overlap
+ * the one it is about:
+ *  - a new run looks up the runs that overlap it; those of older
+ *    batches are its blockers (batches are numbered in creation order
+ *    and a batch's runs never overlap each other);
+ *  - a finishing run looks up the runs that overlap it; those of newer
+ *    batches were all counting it (none of them can have gone out
+ *    while it was unfinished, and a direct run overlaps nothing).
+ * The index's steps are counted in order_checks.
+ *
+ * The ready list goes out in the order runs became free, a retried run
+ * first: like blk-mq's dispatch list, where a requeued request goes to
+ * the head.  Runs that are free at once are the common case and keep
+ * their creation order.
+ */
+
+static void
+ready_remove (struct eng_file *f, struct eng_run *r);
+static void
+release_blocked (struct engine *e, struct eng_file *f, struct eng_run *r);
+
+/* Run r is done with err (0: written).  Its members finish. */
+void
+run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
+            struct eng_actions *out)
+{
+  struct eng_file *f = &e->files[r->run->backing];
+  size_t i;
+
+  if (r->state == RUN_BLOCKED)
+    f->nr_blocked--;
+  release_blocked (e, f, r);
+  itree_remove (&f->index, &r->node);
+  if (r->state == RUN_READY)
+    ready_remove (f, r);
+  list_del (&r->qlink);
+  if (r->state != RUN_INFLIGHT)
+    f->nr_queued--;
+  r->conn->nr_runs--;
+  if (err == 0)
+    note_written (e, r);
+
+  for (i = 0; i < r->run->n; ++i) {
+    struct plug_req *p = r->run->reqs[i];
+    struct eng_op *op = p->opaque;
+    uint64_t held = now > p->arrival_ns ? now - p->arrival_ns : 0;
+
+    STATS_ADD (op->conn->stats->held_total_ns, held);
+    stats_max (&op->conn->stats->held_max_ns, held);
+    if (err && op->err == 0)
+      op->err = err;
+    if (err && op->told_ok) {
+      struct span sp = {
+        .start = p->offset, .end = p->offset + p->count,
+        .seq_lo = p->seq, .seq_hi = p->seq, .err = err,
+      };
+
+      record_lost (e, p->backing, sp);
+    }
+    assert (op->pending > 0);
+    if (--op->pending == 0)
+      op_finish (e, op, now, out);
+  }
+  run_free (r);
+}
+
+static void
+ready_append (struct eng_file *f, struct eng_run *r)
+{
+  assert (r->state == RUN_BLOCKED && r->nr_blockers == 0);
+  f->nr_blocked--;
+  r->state = RUN_READY;
+  list_add_tail (&f->ready, &r->ready_link);
+}
+
+/* A run back from the backend ("not now", or a piece of a failed run)
+ * goes out again first.
+ */
+static void
+ready_push (struct eng_file *f, struct eng_run *r)
+{
+  r->state = RUN_READY;
+  r->nr_blockers = 0;
+  list_add_head (&f->ready, &r->ready_link);
+}
+
+static void
+ready_remove (struct eng_file *f, struct eng_run *r)
+{
+  assert (r->state == RUN_READY);
+  (void) f;
+  list_del (&r->ready_link);
+}
+
+/* q (blocked) now waits for n older runs; at 0 it is free to go. */
+static void
+set_blockers (struct eng_file *f, struct eng_run *q, size_t n)
+{
+  assert (q->state == RUN_BLOCKED);
+  q->nr_blockers = n;
+  if (n == 0)
+    ready_append (f, q);
+}
+
+/* A walk of a file's index on behalf of run r. */
+struct order_walk {
+  struct eng_file *f;
+  struct eng_run *r;
+  list_head *pieces;            /* split_run: r's pieces, by qlink. */
+  struct engine *e;
+};
+
+static bool
+count_one_older (struct itree_node *node, void *opaque)
+{
+  struct order_walk *w = opaque;
+
+  if (run_of_node (node)->batch < w->r->batch)
+    w->r->nr_blockers++;
+  return false;
+}
+
+static bool
+release_one_newer (struct itree_node *node, void *opaque)
+{
+  struct order_walk *w = opaque;
+  struct eng_run *q = run_of_node (node);
+
+  if (q->batch > w->r->batch) {
+    assert (q->state == RUN_BLOCKED && q->nr_blockers > 0);
+    set_blockers (w->f, q, q->nr_blockers - 1);
+  }
+  return false;
+}
+
+/* Walk the runs of f that overlap r, calling fn for each. */
+static void
+walk_overlapping (struct engine *e, struct eng_file *f, struct eng_run *r,
+                  itree_fn fn, struct order_walk *w)
+{
+  w->f = f;
+  w->r = r;
+  w->e = e;
+  itree_overlapping (&f->index, r->node.start, r->node.end, fn, w,
+                     &e->order_checks);
+}
+
+/* r finishes: every newer run that overlapped it has one blocker
+ * less.  With no run blocked (the direct path's case), nobody.
+ */
+static void
+release_blocked (struct engine *e, struct eng_file *f, struct eng_run *r)
+{
+  struct order_walk w = { .pieces = NULL };
+
+  if (f->nr_blocked > 0)
+    walk_overlapping (e, f, r, release_one_newer, &w);
+}
+
+/* The n runs v[] of one unplug (batch), just queued to file f, count
+ * the older runs of f that overlap them; those with none are ready, in
+ * offset order.  A file whose oldest run is of this batch has nothing
+ * older: no walk.
+ */
+void
+count_blockers (struct engine *e, struct eng_file *f, uint64_t batch,
+                struct plug_run *const *v, size_t n)
+{
+  struct order_walk w = { .pieces = NULL };
+  bool older = list_first (&f->queue, struct eng_run, qlink)->batch < batch;
+  size_t i;
+
+  for (i = 0; i < n; ++i) {
+    struct eng_run *q = run_of (v[i]);
+
+    if (older)
+      walk_overlapping (e, f, q, count_one_older, &w);
+    set_blockers (f, q, q->nr_blockers);
+  }
+}
+
+/* Runs are never empty and end before 2^64 (pieces_valid). */
+static void
+index_add (struct eng_file *f, struct eng_run *r)
+{
+  r->node.start = r->run->offset;
+  r->node.end = r->run->offset + r->run->count;
+  itree_insert (&f->index, &r->node);
+}
+
+/* Run r takes the queue's tail and the index, RUN_BLOCKED by nothing
+ * yet: the caller counts its blockers (conn_unplug) or knows there are
+ * none (the direct path), and then calls set_blockers.
+ */
+void
+queue_append (struct engine *e, struct eng_run *r)
+{
+  struct eng_file *f = &e->files[r->run->backing];
+
+  r->state = RUN_BLOCKED;
+  f->nr_blocked++;
+  r->nr_blockers = 0;
+  list_init (&r->ready_link);
+  list_add_tail (&f->queue, &r->qlink);
+  index_add (f, r);
+  f->nr_queued++;
+  /* A delayed file's timer runs only while something is queued: its
+   * queue emptied by a close's or the exit's deadline (fail_queued),
+   * the delay's timer comes back with this run.  (A split's pieces
+   * never land in a delayed file: a run completes only in a file that
+   * dispatched, which makes it FILE_RUNNING.)
+   */
+  if (f->state == FILE_DELAYED && f->nr_queued == 1)
+    deadline_earlier (e);
+  r->conn->nr_runs++;
+}
+
+void
+run_start (struct eng_file *f, struct eng_run *r, uint64_t now,
+           struct eng_actions *out)
+{
+  r->state = RUN_INFLIGHT;
+  r->issued_ns = now;
+  f->nr_queued--;
+  f->inflight++;
+  act_issue (out, r);
+}
+
+static void
+run_issue (struct eng_file *f, struct eng_run *r, uint64_t now,
+           struct eng_actions *out)
+{
+  ready_remove (f, r);
+  run_start (f, r, now, out);
+}
+
+/* Issue file b's ready runs, in order, as far as its slots allow.
+ * force: also a delayed or stalled queue (a FLUSH does not make its
+ * client wait for a backoff; close and exit do not either).
+ */
+void
+queue_dispatch (struct engine *e, uint32_t b, uint64_t now, bool force,
+                struct eng_actions *out)
+{
+  struct eng_file *f = &e->files[b];
+  struct eng_run *r;
+
+  if (f->nr_queued == 0)
+    return;
+  if (f->state == FILE_DELAYED && !force && now < f->delay_until)
+    return;
+  if (f->state == FILE_STALLED && !force)
+    return;
+  f->state = FILE_RUNNING;
+  while ((r = list_first (&f->ready, struct eng_run, ready_link)) != NULL) {
+    if (f->inflight >= f->max_inflight) {
+      /* A driver out of tags: the next completion dispatches again. */
+      STATS_ADD (r->conn->stats->no_slot, 1);
+      break;
+    }
+    run_issue (f, r, now, out);
+  }
+}
+
+void
+dispatch_all (struct engine *e, uint64_t now, bool force,
+              struct eng_actions *out)
+{
+  uint32_t b;
+
+  for (b = 0; b < e->cfg.nr_backings; ++b)
+    queue_dispatch (e, b, now, force, out);
+}
+
+static bool
+holds_seq_at_most (struct itree_node *node, void *opaque)
+{
+  return run_of_node (node)->min_seq <= *(const uint64_t *) opaque;
+}
+
+/* Does any unfinished run of file b overlap [offset, offset+count)?
+ * With max_seq != UINT64_MAX, only runs holding a mutation at least as
+ * old as that.
+ */
+bool
+queue_overlaps (const struct engine *e, uint32_t b, uint64_t offset,
+                uint64_t count, uint64_t max_seq)
+{
+  /* Not QUEUE ORDER's steps: not counted. */
+  return itree_overlapping (&e->files[b].index, offset, offset + count,
+                            holds_seq_at_most, &max_seq, NULL);
+}
+
+/* A run of one piece (the direct path, a fast zero, a failed merged run
+ * split up), with the engine's header in front as plug_merge makes
+ * them.  Returns NULL on ENOMEM.
+ */
+struct eng_run *
+single_run (const struct engine *e, struct plug_req *p)
+{
+  struct plug_run *pr = plug_run_alloc (e->run_prefix, 1);
+  struct eng_run *r;
+
+  if (pr == NULL)
+    return NULL;
+  pr->op = p->op;
+  pr->flags = p->flags;
+  pr->backing = p->backing;
+  pr->offset = p->offset;
+  pr->count = p->count;
+  pr->reqs[0] = p;
+  r = run_of (pr);
+  r->run = pr;
+  list_init (&r->issue_link);
+  return r;
+}
+
+/* q waited for the failed run w->r, which is about to be replaced by
+ * its pieces (w->pieces): it waits for those that overlap it instead.
+ */
+static bool
+rewait_one_newer (struct itree_node *node, void *opaque)
+{
+  struct order_walk *w = opaque;
+  struct eng_run *q = run_of_node (node);
+  const struct eng_run *n;
+  size_t k = 0;
+
+  if (q->batch <= w->r->batch)
+    return false;
+  assert (q->state == RUN_BLOCKED && q->nr_blockers > 0);
+  list_for_each (n, w->pieces, qlink) {
+    w->e->order_checks++;
+    k += n->run->offset < q->node.end &&
+      q->node.start < n->run->offset + n->run->count;
+  }
+  set_blockers (w->f, q, q->nr_blockers - 1 + k);
+  return false;
+}
+
+/* A merged run failed with a real error: put its members back in its
+ * place as runs of their own (same batch, so the order rules hold), so
+ * that the failure stays with the range that failed and its neighbours
+ * are written.  Returns -1 if there is no memory for it.
+ */
+int
+split_run (struct engine *e, struct eng_file *f, struct eng_run *r)
+{
+  list_head made = LIST_HEAD_INIT (made);
+  struct list_node *before = r->qlink.prev, *node;
+  struct eng_run *n;
+  struct order_walk w = { .pieces = &made };
+  size_t i;
+
+  for (i = r->run->n; i-- > 0; ) {
+    struct plug_req *p = r->run->reqs[i];
+
+    n = single_run (e, p);
+    if (n == NULL) {
+      while ((n = list_pop (&made, struct eng_run, qlink)) != NULL)
+        run_free (n);
+      return -1;
+    }
+    n->conn = r->conn;
+    n->batch = r->batch;
+    n->min_seq = p->seq;
+    list_add_head (&made, &n->qlink);
+  }
+  if (f->nr_blocked > 0)
+    walk_overlapping (e, f, r, rewait_one_newer, &w);
+  itree_remove (&f->index, &r->node);
+  /* Replace r by the pieces, in offset order, where r stood. */
+  while ((n = list_pop (&made, struct eng_run, qlink)) != NULL) {
+    list_add_before (&r->qlink, &n->qlink);
+    index_add (f, n);
+    f->nr_queued++;
+    r->conn->nr_runs++;
+  }
+  node = r->qlink.prev;
+  list_del (&r->qlink);
+  /* r was in flight, so no older run overlapped it, nor its pieces: they
+   * go out again first, in offset order.
+   */
+  for (; node != before; node = node->prev)
+    ready_push (f, list_entry (node, struct eng_run, qlink));
+  r->conn->nr_runs--;
+  run_free (r);
+  return 0;
+}
+
+/* "Not now" on run r of file f. */
+void
+not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
+         uint64_t now, struct eng_actions *out)
+{
+  uint64_t deadline, delay;
+
+  STATS_ADD (r->conn->stats->eagain, 1);
+  f->counts.not_now++;
+  if (f->retry.since_ns == 0)
+    f->retry.since_ns = now ? now : 1;
+  deadline = eng_add_ns (f->retry.since_ns, e->cfg.retry.timeout_ns);
+  if (now >= deadline) {
+    STATS_ADD (r->conn->stats->gave_up, 1);
+    log_run (e, r, "giving up after requeue-timeout", EAGAIN, now);
+    run_finish (e, r, EIO, now, out);
+    /* The file has said "not now" for requeue-timeout: each queued run
+     * gets one more attempt at once, and gives up too if it is refused
+     * (so a close or exit ends within requeue-timeout plus one attempt
+     * per run).  With nothing left in flight, a stalled queue would
+     * otherwise wait for ever.
+     */
+    if (f->inflight == 0)
+      f->state = FILE_RUNNING;
+    return;
+  }
+  ready_push (f, r);
+  f->nr_queued++;
+  if (f->inflight > 0) {
+    f->state = FILE_STALLED;
+    return;
+  }
+  /* blk_delay_queue, with a capped backoff; the last retry lands on the
+   * deadline, so that the file gets its whole requeue-timeout, never more.
+   */
+  delay = retry_delay (&e->cfg.retry, f->retry.attempts);
+  if (f->retry.attempts < 64)
+    f->retry.attempts++;
+  f->state = FILE_DELAYED;
+  f->delay_until = MIN (eng_add_ns (now, delay), deadline);
+  deadline_earlier (e);
+}
