@@ -157,7 +157,7 @@ static void
 answer_and_release (struct glue_actions *a)
 {
   struct waiter *w, *wnext;
-  struct eng_op *op;
+  struct eng_op *op, *next;
 
   struct wake_batch b = { .n = 0 };
 
@@ -167,8 +167,9 @@ answer_and_release (struct glue_actions *a)
   }
   wake_flush (&b);
   a->wake = NULL;
-  while ((op = list_pop (&a->eng.release, struct eng_op, release_link)))
+  list_for_each_safe (op, next, &a->eng.release, release_link)
     request_free (op);
+  list_init (&a->eng.release);
 }
 
 /* Hand run r's result to the engine; what that unblocks joins a. */
@@ -254,26 +255,35 @@ glue_perform (struct glue_actions *a, uint32_t inline_runs)
   list_head mine = LIST_HEAD_INIT (mine);
 
   for (;;) {
-    list_head list = LIST_HEAD_INIT (list), syncs = LIST_HEAD_INIT (syncs);
-    struct eng_run *r;
-    struct eng_sync *s;
+    list_head list;
+    struct eng_run *r, *next;
     const struct backing *strand = NULL;
     int err;
 
     answer_and_release (a);
-    take_syncs (a, inline_runs, &syncs);
-    if (!list_empty (&syncs)) {
-      /* The runs wait meanwhile: a FLUSH waits for the sync, and
-       * nothing waits for runs made after it.
-       */
-      while ((s = list_pop (&syncs, struct eng_sync, link)) != NULL)
-        sync_done_into (a, s, sync_backing (s));
-      continue;
+    if (!list_empty (&a->eng.sync)) {
+      list_head syncs = LIST_HEAD_INIT (syncs);
+      struct eng_sync *s;
+
+      take_syncs (a, inline_runs, &syncs);
+      if (!list_empty (&syncs)) {
+        /* The runs wait meanwhile: a FLUSH waits for the sync, and
+         * nothing waits for runs made after it.
+         */
+        while ((s = list_pop (&syncs, struct eng_sync, link)) != NULL)
+          sync_done_into (a, s, sync_backing (s));
+        continue;
+      }
     }
     if (list_empty (&a->eng.issue) && list_empty (&mine))
       return;
+    /* The runs of this round leave a's list, which the engine fills
+     * again meanwhile.  Each run is handed on (relinked by its
+     * issue_link, or completed) after the walk read its successor.
+     */
+    list_init (&list);
     list_splice_tail (&list, &a->eng.issue);
-    while ((r = list_pop (&list, struct eng_run, issue_link)) != NULL) {
+    list_for_each_safe (r, next, &list, issue_link) {
       const struct backing *b = &backings[r->run->backing];
 
       if (b->remote) {

@@ -51,6 +51,10 @@
 NBDKIT_DLL_PUBLIC int plug_debug_stats;
 /* -D plug.unplug=1: log every unplug (reason, requests, bytes, runs). */
 NBDKIT_DLL_PUBLIC int plug_debug_unplug;
+/* -D plug.state=1: log every change of state of the engine's machines
+ * (op, run, file, pace, conn, engine), as "op 17: NEW -> ACKED".
+ */
+NBDKIT_DLL_PUBLIC int plug_debug_state = 0;
 /* -D plug.inject_eagain=N: every Nth backend write/zero/trim fails with
  * EAGAIN.  A testing aid: no nbdkit filter can inject EAGAIN, and the
  * NBD protocol cannot carry it.
@@ -871,6 +875,13 @@ engine_log (void *opaque, int level, const char *msg)
     nbdkit_debug ("%s", msg);
 }
 
+/* The engine's state log (-D plug.state=1). */
+static void
+engine_state_log (void *opaque, const char *msg)
+{
+  nbdkit_debug ("%s", msg);
+}
+
 /* A seed no client can know, for the shapes of the engine's indexes
  * (src/itree.h): offsets picked against a known one could make them
  * paths, each lookup as slow as a scan.  getrandom cannot fail for 4
@@ -915,6 +926,7 @@ make_engine (void)
     .seed = index_seed (),
     .log = engine_log,
     .debug_unplug = plug_debug_unplug,
+    .state_log = plug_debug_state ? engine_state_log : NULL,
     .inject_unplug_nomem = plug_debug_inject_unplug_nomem > 0 ?
       (unsigned) plug_debug_inject_unplug_nomem : 0,
     .names = (const char *const *) files.ptr,

@@ -21,17 +21,6 @@
 #include "engine-int.h"
 #include "minmax.h"
 
-bool
-held_anywhere (const struct engine *e, const struct plug_req *p)
-{
-  const struct eng_conn *c;
-
-  list_for_each (c, &e->conns, link)
-    if (plug_conflicts (&c->plug, p))
-      return true;
-  return false;
-}
-
 /* Is data admitted at or before max_seq and overlapping p held in a
  * plug?  (Newer held data never makes a read wait: it could starve.)
  */
@@ -140,6 +129,7 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
     size_t k;
 
     r->run = pr;
+    run_made (e, r);
     r->conn = c;
     r->batch = batch;
     r->min_seq = UINT64_MAX;
@@ -210,7 +200,7 @@ check_parked (struct engine *e, struct eng_conn *c, uint64_t now,
       c->pace_streak = client_ns / BUSY_RATIO > c->last_svc_ns ?
         c->pace_streak + 1 : 0;
       if (c->pace_streak >= BUSY_STREAK) {
-        c->pace = PACE_BUSY;
+        pace_set (e, c, PACE_BUSY);
         c->last_gathered = 0;
         c->pace_streak = 0;
       }
@@ -219,31 +209,16 @@ check_parked (struct engine *e, struct eng_conn *c, uint64_t now,
   }
 }
 
-/* op is admitted: its sequence number, and the counts that op_finish
- * takes it off again (unfinished, copied bytes).  Plugged (admit) or
- * issued alone (issue_alone), the same.
+/* Give op a sequence number and hold it (make_room made room); to:
+ * OP_ACKED or OP_ADMITTED, whether its client was told.
  */
-void
-take_in (struct engine *e, struct eng_conn *c, struct eng_op *op,
-         uint64_t now)
-{
-  op->state = OP_ADMITTED;
-  op->seq = e->next_seq++;
-  list_add_tail (&e->unfinished, &op->unf);
-  c->nr_unfinished++;
-  c->bytes += op->bytes;
-  e->bytes += op->bytes;
-  c->last_activity_ns = now;
-}
-
-/* Give op a sequence number and hold it (make_room made room). */
 static void
-admit (struct engine *e, struct eng_conn *c, struct eng_op *op, uint64_t now,
-       struct eng_actions *out)
+admit (struct engine *e, struct eng_conn *c, struct eng_op *op,
+       enum eng_op_state to, uint64_t now, struct eng_actions *out)
 {
   enum plug_reason reason;
 
-  take_in (e, c, op, now);
+  take_in (e, c, op, to, now);
   plug_pieces (e, c, op, now, out);
 
   if (op->flags & ENG_F_FUA)
@@ -254,19 +229,6 @@ admit (struct engine *e, struct eng_conn *c, struct eng_op *op, uint64_t now,
     conn_unplug (e, c, reason, now, out);
   else if (c->pace == PACE_BUSY && c->nr_runs == 0)
     conn_unplug (e, c, PLUG_UNPLUG_QUIET, now, out);
-}
-
-void
-prepare_pieces (struct eng_conn *c, struct eng_op *op, uint64_t now)
-{
-  size_t i;
-
-  op->conn = c;
-  op->pending = op->nr_pieces;
-  for (i = 0; i < op->nr_pieces; ++i) {
-    op->pieces[i].opaque = op;
-    op->pieces[i].arrival_ns = now;
-  }
 }
 
 /* Is c at its memory bound (max-bytes, or the count of acknowledged
@@ -297,11 +259,11 @@ admit_waiters (struct engine *e, struct eng_conn *c, uint64_t now,
         !make_room (e, op, now, out))
       return;
     list_del (&op->wait);
-    op->told_ok = true;
     c->nr_told_ok++;
     note_acked (e, op, now);
-    op_answer (op, 0, out);
-    admit (e, c, op, now, out);
+    /* Told "written" now, before it is: acknowledged. */
+    op_reply (op, 0, out);
+    admit (e, c, op, OP_ACKED, now, out);
   }
 }
 
@@ -309,31 +271,8 @@ void
 refuse_waiter (struct eng_conn *c, struct eng_op *op, struct eng_actions *out)
 {
   list_del (&op->wait);
-  op_answer (op, c->last_err ? c->last_err : ENOMEM, out);
-  op_release (op, out);
-}
-
-/* Are op's pieces ranges the plug and the indexes can hold: at least
- * one (a read may have none), each of a file that exists, not empty,
- * and ending before 2^64?
- * (nbdkit refuses empty requests and the layout keeps offsets within
- * the files; the engine does not rely on either.)
- */
-bool
-pieces_valid (const struct engine *e, const struct eng_op *op)
-{
-  size_t i;
-
-  if (op->nr_pieces == 0 && op->kind != ENG_READ)
-    return false;
-  for (i = 0; i < op->nr_pieces; ++i) {
-    const struct plug_req *p = &op->pieces[i];
-
-    if (p->backing >= e->cfg.nr_backings || p->count == 0 ||
-        p->count > UINT64_MAX - p->offset)
-      return false;
-  }
-  return true;
+  op_answer (c->e, op, c->last_err ? c->last_err : ENOMEM, out);
+  op_release (c->e, op, out);
 }
 
 int
@@ -348,7 +287,6 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
   }
   prepare_pieces (c, op, now);
   if (op->flags & ENG_F_FAST) {
-    op->reply_pending = true;
     c->nr_waiting++;
     /* Across files, a piece could be zeroed while another one cannot
      * be fast: "SHOULD NOT alter the contents ... when returning
@@ -356,8 +294,8 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
      */
     if (op->nr_pieces > 1 || !can_issue_now (e, op) ||
         issue_alone (e, c, op, now, out) == -1) {
-      op_answer (op, ENOTSUP, out);
-      op_release (op, out);
+      op_answer (e, op, ENOTSUP, out);
+      op_release (e, op, out);
     }
     return 0;
   }
@@ -365,8 +303,7 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
     /* At the bound the writer waits for memory, bounded by
      * requeue-timeout; the plug goes out so that memory comes back.
      */
-    op->state = OP_WAIT_MEMORY;
-    op->reply_pending = true;
+    op_set_state (e, op, OP_WAIT_MEMORY);
     c->nr_waiting++;
     op->deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
     list_add_tail (&c->mem_wait, &op->wait);
@@ -383,17 +320,16 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
   }
   if (wb) {
     op->acked = true;
-    op->told_ok = true;
     c->nr_told_ok++;
     note_acked (e, op, now);
   }
   else {
-    op->reply_pending = true;
     c->nr_waiting++;
     if (c->pace == PACE_PASSTHROUGH && c->nr_waiting > 1)
-      c->pace = PACE_PLUG;      /* The client has concurrency again. */
+      pace_set (e, c, PACE_PLUG);       /* The client has concurrency
+                                         * again. */
   }
-  admit (e, c, op, now, out);
+  admit (e, c, op, wb ? OP_ACKED : OP_ADMITTED, now, out);
   check_parked (e, c, now, out);
   return 0;
 }

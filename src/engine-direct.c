@@ -66,7 +66,7 @@ issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
     list_add_head (&made, &r->issue_link);
   }
 
-  take_in (e, c, op, now);
+  take_in (e, c, op, OP_ADMITTED, now);
   while ((r = list_pop (&made, struct eng_run, issue_link)) != NULL) {
     r->run->reqs[0]->seq = op->seq;
     r->conn = c;
@@ -79,7 +79,7 @@ issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
     f = &e->files[r->run->backing];
     assert (r->state == RUN_BLOCKED && r->nr_blockers == 0);
     f->nr_blocked--;
-    run_start (f, r, now, out);
+    run_start (e, f, r, now, out);
   }
   return 0;
 }
@@ -151,10 +151,9 @@ engine_try_direct (struct engine *e, struct eng_conn *c, struct eng_op *op,
   prepare_pieces (c, op, now);
   if (!can_issue_now (e, op))
     return false;
-  op->reply_pending = true;
+  op_begin (e, op);
   c->nr_waiting++;
   if (issue_alone (e, c, op, now, out) == -1) {
-    op->reply_pending = false;
     c->nr_waiting--;
     return false;
   }

@@ -295,8 +295,8 @@ sync_answer (struct engine *e, struct eng_op *op, struct eng_actions *out)
       record_forget_op (e, op);
     break;
   }
-  op_answer (op, err, out);
-  op_release (op, out);
+  op_answer (e, op, err, out);
+  op_release (e, op, out);
 }
 
 static void round_done (struct engine *e, uint64_t now,
@@ -371,7 +371,7 @@ wait_sync (struct engine *e, struct eng_op *op, uint64_t now,
     sync_answer (e, op, out);
     return;
   }
-  op->state = OP_SYNC_WAIT;
+  op_set_state (e, op, OP_SYNC_WAIT);
   op->sync_round = need;
   list_add_tail (&e->sync_wait, &op->wait);
   if (e->sync_pending == 0)
@@ -467,7 +467,7 @@ note_acked (struct engine *e, const struct eng_op *op, uint64_t now)
 }
 
 /* Every piece of mutation op finished. */
-void
+static void
 op_finish (struct engine *e, struct eng_op *op, uint64_t now,
            struct eng_actions *out)
 {
@@ -477,7 +477,7 @@ op_finish (struct engine *e, struct eng_op *op, uint64_t now,
   c->nr_unfinished--;
   c->bytes -= op->bytes;
   e->bytes -= op->bytes;
-  if (op->told_ok) {
+  if (op->state == OP_ACKED) {
     c->nr_told_ok--;
     if (op->err) {
       /* Nobody can be told now: its pieces are in THE RECORD
@@ -497,15 +497,18 @@ op_finish (struct engine *e, struct eng_op *op, uint64_t now,
     c->last_err = op->err;
     record_forget_op (e, op);
   }
-  if ((op->flags & ENG_F_FUA) && op->reply_pending && op->err == 0) {
+  if ((op->flags & ENG_F_FUA) && op->state == OP_ADMITTED && op->err == 0) {
     /* NBD: FUA "MUST NOT send its reply ... until ... persisted". */
     wait_sync (e, op, now, out);
     return;
   }
-  if (op->reply_pending && op->err == 0)
-    note_acked (e, op, now);
-  op_answer (op, op->err, out);
-  op_release (op, out);
+  if (op->state == OP_ADMITTED) {
+    /* Its client waited for it. */
+    if (op->err == 0)
+      note_acked (e, op, now);
+    op_answer (e, op, op->err, out);
+  }
+  op_release (e, op, out);
 }
 
 /* Does [start, end) of file f overlap a recorded loss? */
@@ -529,7 +532,7 @@ overlaps_lost (const struct eng_file *f, uint64_t start, uint64_t end)
  * client fills to its cap: a rewrite among thousands of writes heals
  * all the same.
  */
-void
+static void
 note_written (struct engine *e, const struct eng_run *r)
 {
   struct eng_file *f = &e->files[r->run->backing];
@@ -548,14 +551,6 @@ note_written (struct engine *e, const struct eng_run *r)
         span_add (&f->heals, sp))
       e->widened++;
   }
-}
-
-bool
-flush_ready (const struct engine *e, const struct eng_op *op)
-{
-  const struct eng_op *oldest = unf_oldest (e);
-
-  return oldest == NULL || oldest->seq > op->horizon;
 }
 
 /* blk-flush's FUA shortcut: a file to which the FLUSH's unplugs (one
@@ -591,7 +586,6 @@ submit_flush (struct engine *e, struct eng_conn *c, struct eng_op *op,
   uint64_t first_batch = e->next_batch;
 
   op->horizon = e->next_seq - 1;
-  op->reply_pending = true;
   c->nr_waiting++;
   stats_unflushed_flush_begin (&e->unflushed, &op->flush_mark);
   /* Hold mode: every answered write is already written, and NBD's FLUSH
@@ -609,7 +603,7 @@ submit_flush (struct engine *e, struct eng_conn *c, struct eng_op *op,
     conn_unplug (e, o, PLUG_UNPLUG_FLUSH, now, out);
   mark_flush_fua (e, first_batch);
   dispatch_all (e, now, true, out);
-  op->state = OP_WAITING;
+  op_set_state (e, op, OP_WAITING);
   list_add_tail (&e->flush_wait, &op->wait);
   check_waiters (e, now, out);
 }
@@ -641,18 +635,54 @@ submit_read (struct engine *e, struct eng_conn *c, struct eng_op *op,
 
   op->conn = c;
   op->horizon = e->next_seq - 1;
-  op->reply_pending = true;
   c->nr_waiting++;
   /* One that cannot go out keeps the read waiting (read_blocked). */
   for (i = 0; i < op->nr_pieces; ++i)
     (void) unplug_overlapping (e, &op->pieces[i], PLUG_UNPLUG_READ, now,
                                out);
   if (!read_blocked (e, op)) {
-    op_answer (op, 0, out);
-    op_release (op, out);
+    op_answer (e, op, 0, out);
+    op_release (e, op, out);
     return;
   }
-  op->state = OP_WAITING;
+  op_set_state (e, op, OP_WAITING);
   list_add_tail (&e->read_wait, &op->wait);
   check_parked (e, c, now, out);
+}
+
+/* Run r is done with err (0: written).  It leaves its queue, and its
+ * members finish.
+ */
+void
+run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
+            struct eng_actions *out)
+{
+  size_t i;
+
+  run_dequeue (e, r);
+  if (err == 0)
+    note_written (e, r);
+
+  for (i = 0; i < r->run->n; ++i) {
+    struct plug_req *p = r->run->reqs[i];
+    struct eng_op *op = p->opaque;
+    uint64_t held = now > p->arrival_ns ? now - p->arrival_ns : 0;
+
+    STATS_ADD (op->conn->stats->held_total_ns, held);
+    stats_max (&op->conn->stats->held_max_ns, held);
+    if (err && op->err == 0)
+      op->err = err;
+    if (err && op->state == OP_ACKED) {
+      struct span sp = {
+        .start = p->offset, .end = p->offset + p->count,
+        .seq_lo = p->seq, .seq_hi = p->seq, .err = err,
+      };
+
+      record_lost (e, p->backing, sp);
+    }
+    assert (op->pending > 0);
+    if (--op->pending == 0)
+      op_finish (e, op, now, out);
+  }
+  run_free (r);
 }

@@ -230,7 +230,111 @@ struct engine {
   bool deadline_earlier;        /* See engine_deadline_may_be_earlier. */
   uint64_t unplugs_tried;       /* For cfg.inject_unplug_nomem. */
   struct stats_unflushed unflushed;     /* See stats.h. */
+  uint64_t next_op_id, next_run_id;     /* For the state log. */
 };
+
+/* ---- the state machines (engine-state.c) ----
+ *
+ * Each machine (op, run, file queue, pace, connection, engine) changes
+ * state in its one function below, which asserts that the change is in
+ * the machine's table of legal transitions and tells cfg.state_log of
+ * it ("run 5: READY -> INFLIGHT").  A change to the state it is in is
+ * no change for the file queue, the pace, the connection and the
+ * engine (their triggers may repeat: every dispatch runs a file's
+ * queue); for an op or a run it is illegal.
+ */
+struct eng_machine {
+  const char *name;             /* "op", "run", ... */
+  const char *const *states;    /* Names, by state. */
+  const uint32_t *legal;        /* By from-state: bit `to` set if legal. */
+};
+extern const struct eng_machine eng_op_machine, eng_run_machine,
+  eng_file_machine, eng_pace_machine, eng_conn_machine, eng_engine_machine;
+
+/* Tell cfg.state_log (set) that object id of machine m went from to. */
+extern void eng_state_report (struct engine *e, const struct eng_machine *m,
+                              uint64_t id, unsigned from, unsigned to);
+
+static inline void
+eng_state_change (struct engine *e, const struct eng_machine *m,
+                  uint64_t id, unsigned from, unsigned to)
+{
+  assert (m->legal[from] & (1u << to));
+  if (e->cfg.state_log)
+    eng_state_report (e, m, id, from, to);
+}
+
+static inline void
+op_set_state (struct engine *e, struct eng_op *op, enum eng_op_state to)
+{
+  eng_state_change (e, &eng_op_machine, op->id, op->state, to);
+  op->state = to;
+}
+
+static inline void
+run_set_state (struct engine *e, struct eng_run *r, enum eng_run_state to)
+{
+  eng_state_change (e, &eng_run_machine, r->id, r->state, to);
+  r->state = to;
+}
+
+static inline void
+file_set_state (struct engine *e, struct eng_file *f, enum file_state to)
+{
+  if (f->state == to)
+    return;
+  eng_state_change (e, &eng_file_machine, (uint64_t) (f - e->files),
+                    f->state, to);
+  f->state = to;
+}
+
+static inline void
+pace_set (struct engine *e, struct eng_conn *c, enum conn_pace to)
+{
+  if (c->pace == to)
+    return;
+  eng_state_change (e, &eng_pace_machine, c->id, c->pace, to);
+  c->pace = to;
+}
+
+static inline void
+conn_set_state (struct engine *e, struct eng_conn *c, enum conn_state to)
+{
+  if (c->state == to)
+    return;
+  eng_state_change (e, &eng_conn_machine, c->id, c->state, to);
+  c->state = to;
+}
+
+static inline void
+engine_set_state (struct engine *e, enum engine_state to)
+{
+  if (e->state == to)
+    return;
+  eng_state_change (e, &eng_engine_machine, 0, e->state, to);
+  e->state = to;
+}
+
+/* An op's life begins (engine_submit, engine_try_direct): NEW, with a
+ * number for the state log.  Not a transition: the caller may hand
+ * the engine an op it used before.
+ */
+static inline void
+op_begin (struct engine *e, struct eng_op *op)
+{
+  op->state = OP_NEW;
+  op->id = ++e->next_op_id;
+}
+
+/* A run is made (an unplug, a piece of the direct path or of a split):
+ * RUN_NEW, with a number.
+ */
+static inline void
+run_made (struct engine *e, struct eng_run *r)
+{
+  r->state = RUN_NEW;
+  r->id = ++e->next_run_id;
+}
 
 /* ---- small helpers, inline: on every request's path ---- */
 
@@ -256,25 +360,36 @@ act_issue (struct eng_actions *out, struct eng_run *r)
   list_add_tail (&out->issue, &r->issue_link);
 }
 
-/* Answer op's client with err (once). */
+/* Put op on the reply list with err: its client waited (counted in
+ * nr_waiting when it was submitted) and is answered now.
+ */
 static inline void
-op_answer (struct eng_op *op, int err, struct eng_actions *out)
+op_reply (struct eng_op *op, int err, struct eng_actions *out)
 {
-  if (!op->reply_pending)
-    return;
-  op->reply_pending = false;
   if (op->conn)
     op->conn->nr_waiting--;
   op->err = err;
   list_add_tail (&out->reply, &op->reply_link);
 }
 
-/* The engine is done with op: the caller frees it. */
+/* Answer op's waiting client with err: ANSWERED (the transition says
+ * the client waited).
+ */
 static inline void
-op_release (struct eng_op *op, struct eng_actions *out)
+op_answer (struct engine *e, struct eng_op *op, int err,
+           struct eng_actions *out)
 {
-  assert (!op->reply_pending);
-  op->state = OP_FINISHED;
+  op_set_state (e, op, OP_ANSWERED);
+  op_reply (op, err, out);
+}
+
+/* The engine is done with op (answered, or acknowledged before it
+ * finished): the caller frees it.
+ */
+static inline void
+op_release (struct engine *e, struct eng_op *op, struct eng_actions *out)
+{
+  op_set_state (e, op, OP_FINISHED);
   list_add_tail (&out->release, &op->release_link);
 }
 
@@ -304,6 +419,144 @@ run_of_node (struct itree_node *node)
   return itree_entry (node, struct eng_run, node);
 }
 
+static inline bool
+held_anywhere (const struct engine *e, const struct plug_req *p)
+{
+  const struct eng_conn *c;
+
+  list_for_each (c, &e->conns, link)
+    if (plug_conflicts (&c->plug, p))
+      return true;
+  return false;
+}
+
+/* Are op's pieces ranges the plug and the indexes can hold: at least
+ * one (a read may have none), each of a file that exists, not empty,
+ * and ending before 2^64?
+ * (nbdkit refuses empty requests and the layout keeps offsets within
+ * the files; the engine does not rely on either.)
+ */
+static inline bool
+pieces_valid (const struct engine *e, const struct eng_op *op)
+{
+  size_t i;
+
+  if (op->nr_pieces == 0 && op->kind != ENG_READ)
+    return false;
+  for (i = 0; i < op->nr_pieces; ++i) {
+    const struct plug_req *p = &op->pieces[i];
+
+    if (p->backing >= e->cfg.nr_backings || p->count == 0 ||
+        p->count > UINT64_MAX - p->offset)
+      return false;
+  }
+  return true;
+}
+
+static inline void
+prepare_pieces (struct eng_conn *c, struct eng_op *op, uint64_t now)
+{
+  size_t i;
+
+  op->conn = c;
+  op->pending = op->nr_pieces;
+  for (i = 0; i < op->nr_pieces; ++i) {
+    op->pieces[i].opaque = op;
+    op->pieces[i].arrival_ns = now;
+  }
+}
+
+/* op is admitted: its sequence number, and the counts that op_finish
+ * takes it off again (unfinished, copied bytes).  Plugged (admit) or
+ * issued alone (issue_alone), the same.
+ */
+static inline void
+take_in (struct engine *e, struct eng_conn *c, struct eng_op *op,
+         enum eng_op_state to, uint64_t now)
+{
+  op_set_state (e, op, to);
+  op->seq = e->next_seq++;
+  list_add_tail (&e->unfinished, &op->unf);
+  c->nr_unfinished++;
+  c->bytes += op->bytes;
+  e->bytes += op->bytes;
+  c->last_activity_ns = now;
+}
+
+/* Runs are never empty and end before 2^64 (pieces_valid). */
+static inline void
+index_add (struct eng_file *f, struct eng_run *r)
+{
+  r->node.start = r->run->offset;
+  r->node.end = r->run->offset + r->run->count;
+  itree_insert (&f->index, &r->node);
+}
+
+/* Run r takes the queue's tail and the index, RUN_BLOCKED by nothing
+ * yet: the caller counts its blockers (conn_unplug) or knows there are
+ * none (the direct path), and then calls set_blockers.
+ */
+static inline void
+queue_append (struct engine *e, struct eng_run *r)
+{
+  struct eng_file *f = &e->files[r->run->backing];
+
+  run_set_state (e, r, RUN_BLOCKED);
+  f->nr_blocked++;
+  r->nr_blockers = 0;
+  list_init (&r->ready_link);
+  list_add_tail (&f->queue, &r->qlink);
+  index_add (f, r);
+  f->nr_queued++;
+  /* A delayed file's timer runs only while something is queued: its
+   * queue emptied by a close's or the exit's deadline (fail_queued),
+   * the delay's timer comes back with this run.  (A split's pieces
+   * never land in a delayed file: a run completes only in a file that
+   * dispatched, which makes it FILE_RUNNING.)
+   */
+  if (f->state == FILE_DELAYED && f->nr_queued == 1)
+    deadline_earlier (e);
+  r->conn->nr_runs++;
+}
+
+static inline void
+run_start (struct engine *e, struct eng_file *f, struct eng_run *r,
+           uint64_t now, struct eng_actions *out)
+{
+  run_set_state (e, r, RUN_INFLIGHT);
+  r->issued_ns = now;
+  f->nr_queued--;
+  f->inflight++;
+  act_issue (out, r);
+}
+
+static inline bool
+holds_seq_at_most (struct itree_node *node, void *opaque)
+{
+  return run_of_node (node)->min_seq <= *(const uint64_t *) opaque;
+}
+
+/* Does any unfinished run of file b overlap [offset, offset+count)?
+ * With max_seq != UINT64_MAX, only runs holding a mutation at least as
+ * old as that.
+ */
+static inline bool
+queue_overlaps (const struct engine *e, uint32_t b, uint64_t offset,
+                uint64_t count, uint64_t max_seq)
+{
+  /* Not QUEUE ORDER's steps: not counted. */
+  return itree_overlapping (&e->files[b].index, offset, offset + count,
+                            holds_seq_at_most, &max_seq, NULL);
+}
+
+static inline bool
+flush_ready (const struct engine *e, const struct eng_op *op)
+{
+  const struct eng_op *oldest = unf_oldest (e);
+
+  return oldest == NULL || oldest->seq > op->horizon;
+}
+
 /* ---- engine.c ---- */
 
 extern void __attribute__ ((__format__ (__printf__, 3, 4)))
@@ -330,19 +583,15 @@ plug_deadline (const struct engine *e, const struct eng_conn *c);
 /* ---- engine-durable.c ---- */
 
 extern void
+run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
+            struct eng_actions *out);
+extern void
 record_lost (struct engine *e, uint32_t b, struct span sp);
 extern void
 wait_sync (struct engine *e, struct eng_op *op, uint64_t now,
            struct eng_actions *out);
 extern void
 note_acked (struct engine *e, const struct eng_op *op, uint64_t now);
-extern void
-op_finish (struct engine *e, struct eng_op *op, uint64_t now,
-           struct eng_actions *out);
-extern void
-note_written (struct engine *e, const struct eng_run *r);
-extern bool
-flush_ready (const struct engine *e, const struct eng_op *op);
 extern void
 submit_flush (struct engine *e, struct eng_conn *c, struct eng_op *op,
               uint64_t now, struct eng_actions *out);
@@ -355,27 +604,18 @@ submit_read (struct engine *e, struct eng_conn *c, struct eng_op *op,
 /* ---- engine-queue.c ---- */
 
 extern void
-run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
-            struct eng_actions *out);
+run_dequeue (struct engine *e, struct eng_run *r);
 extern void
 count_blockers (struct engine *e, struct eng_file *f, uint64_t batch,
                 struct plug_run *const *v, size_t n);
-extern void
-queue_append (struct engine *e, struct eng_run *r);
-extern void
-run_start (struct eng_file *f, struct eng_run *r, uint64_t now,
-           struct eng_actions *out);
 extern void
 queue_dispatch (struct engine *e, uint32_t b, uint64_t now, bool force,
                 struct eng_actions *out);
 extern void
 dispatch_all (struct engine *e, uint64_t now, bool force,
               struct eng_actions *out);
-extern bool
-queue_overlaps (const struct engine *e, uint32_t b, uint64_t offset,
-                uint64_t count, uint64_t max_seq);
 extern struct eng_run *
-single_run (const struct engine *e, struct plug_req *p);
+single_run (struct engine *e, struct plug_req *p);
 extern int
 split_run (struct engine *e, struct eng_file *f, struct eng_run *r);
 extern void
@@ -384,8 +624,6 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
 
 /* ---- engine-admit.c ---- */
 
-extern bool
-held_anywhere (const struct engine *e, const struct plug_req *p);
 extern bool
 held_before (const struct engine *e, const struct plug_req *p,
              uint64_t max_seq);
@@ -400,17 +638,10 @@ extern void
 check_parked (struct engine *e, struct eng_conn *c, uint64_t now,
               struct eng_actions *out);
 extern void
-take_in (struct engine *e, struct eng_conn *c, struct eng_op *op,
-         uint64_t now);
-extern void
-prepare_pieces (struct eng_conn *c, struct eng_op *op, uint64_t now);
-extern void
 admit_waiters (struct engine *e, struct eng_conn *c, uint64_t now,
                struct eng_actions *out);
 extern void
 refuse_waiter (struct eng_conn *c, struct eng_op *op, struct eng_actions *out);
-extern bool
-pieces_valid (const struct engine *e, const struct eng_op *op);
 extern int
 submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
                  uint64_t now, struct eng_actions *out);

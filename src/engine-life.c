@@ -75,15 +75,14 @@ submit_close (struct engine *e, struct eng_conn *c, struct eng_op *op,
 {
   struct eng_op *w;
 
-  c->state = CONN_CLOSING;
-  op->reply_pending = true;
+  conn_set_state (e, c, CONN_CLOSING);
   c->nr_waiting++;
-  op->state = OP_WAITING;
+  op_set_state (e, op, OP_WAITING);
   c->close_op = op;
   /* No worker is left to wait for memory. */
   while ((w = list_pop (&c->mem_wait, struct eng_op, wait)) != NULL) {
-    op_answer (w, ESHUTDOWN, out);
-    op_release (w, out);
+    op_answer (e, w, ESHUTDOWN, out);
+    op_release (e, w, out);
   }
   conn_unplug (e, c, PLUG_UNPLUG_CLOSE, now, out);
   dispatch_all (e, now, true, out);
@@ -96,12 +95,11 @@ submit_shutdown (struct engine *e, struct eng_conn *c, struct eng_op *op,
 {
   struct eng_conn *o;
 
-  e->state = ENGINE_SHUTTING_DOWN;
-  op->reply_pending = true;
+  engine_set_state (e, ENGINE_SHUTTING_DOWN);
   stats_unflushed_flush_begin (&e->unflushed, &op->flush_mark);
   if (c)
     c->nr_waiting++;
-  op->state = OP_WAITING;
+  op_set_state (e, op, OP_WAITING);
   e->shutdown_op = op;
   list_for_each (o, &e->conns, link)
     conn_unplug (e, o, PLUG_UNPLUG_CLOSE, now, out);
@@ -151,17 +149,18 @@ check_waiters (struct engine *e, uint64_t now, struct eng_actions *out)
   list_for_each_safe (op, next, &e->read_wait, wait)
     if (!read_blocked (e, op)) {
       list_del (&op->wait);
-      op_answer (op, 0, out);
-      op_release (op, out);
+      op_answer (e, op, 0, out);
+      op_release (e, op, out);
     }
   list_for_each_safe (c, cnext, &e->conns, link) {
-    admit_waiters (e, c, now, out);
+    if (!list_empty (&c->mem_wait))
+      admit_waiters (e, c, now, out);
     if (c->close_op && conn_settled (c)) {
       op = c->close_op;
       c->close_op = NULL;
       log_suppressed (e);
-      op_answer (op, 0, out);
-      op_release (op, out);
+      op_answer (e, op, 0, out);
+      op_release (e, op, out);
     }
   }
   if (e->shutdown_op && list_empty (&e->unfinished)) {

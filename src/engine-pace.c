@@ -32,7 +32,7 @@ pace_idle (struct eng_conn *c)
 {
   c->pace_streak = c->nr_runs == 0 ? c->pace_streak + 1 : 0;
   if (c->pace_streak >= BUSY_STREAK) {
-    c->pace = PACE_BUSY;
+    pace_set (c->e, c, PACE_BUSY);
     c->last_gathered = 0;
     c->pace_streak = 0;
   }
@@ -55,7 +55,7 @@ pace_drained (struct engine *e, struct eng_conn *c, uint64_t now,
     /* From the next request on the parked trigger paces the plug; what
      * is held now goes out with the backend idle, as it would there.
      */
-    c->pace = PACE_PLUG;
+    pace_set (e, c, PACE_PLUG);
     c->pace_streak = 0;
     gathered = 0;
   }

@@ -48,13 +48,13 @@ ready_remove (struct eng_file *f, struct eng_run *r);
 static void
 release_blocked (struct engine *e, struct eng_file *f, struct eng_run *r);
 
-/* Run r is done with err (0: written).  Its members finish. */
+/* Run r, done, leaves its file's queue and index; the newer runs it
+ * blocked have one blocker less.
+ */
 void
-run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
-            struct eng_actions *out)
+run_dequeue (struct engine *e, struct eng_run *r)
 {
   struct eng_file *f = &e->files[r->run->backing];
-  size_t i;
 
   if (r->state == RUN_BLOCKED)
     f->nr_blocked--;
@@ -66,39 +66,15 @@ run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
   if (r->state != RUN_INFLIGHT)
     f->nr_queued--;
   r->conn->nr_runs--;
-  if (err == 0)
-    note_written (e, r);
-
-  for (i = 0; i < r->run->n; ++i) {
-    struct plug_req *p = r->run->reqs[i];
-    struct eng_op *op = p->opaque;
-    uint64_t held = now > p->arrival_ns ? now - p->arrival_ns : 0;
-
-    STATS_ADD (op->conn->stats->held_total_ns, held);
-    stats_max (&op->conn->stats->held_max_ns, held);
-    if (err && op->err == 0)
-      op->err = err;
-    if (err && op->told_ok) {
-      struct span sp = {
-        .start = p->offset, .end = p->offset + p->count,
-        .seq_lo = p->seq, .seq_hi = p->seq, .err = err,
-      };
-
-      record_lost (e, p->backing, sp);
-    }
-    assert (op->pending > 0);
-    if (--op->pending == 0)
-      op_finish (e, op, now, out);
-  }
-  run_free (r);
+  run_set_state (e, r, RUN_DONE);
 }
 
 static void
-ready_append (struct eng_file *f, struct eng_run *r)
+ready_append (struct engine *e, struct eng_file *f, struct eng_run *r)
 {
   assert (r->state == RUN_BLOCKED && r->nr_blockers == 0);
   f->nr_blocked--;
-  r->state = RUN_READY;
+  run_set_state (e, r, RUN_READY);
   list_add_tail (&f->ready, &r->ready_link);
 }
 
@@ -106,9 +82,9 @@ ready_append (struct eng_file *f, struct eng_run *r)
  * goes out again first.
  */
 static void
-ready_push (struct eng_file *f, struct eng_run *r)
+ready_push (struct engine *e, struct eng_file *f, struct eng_run *r)
 {
-  r->state = RUN_READY;
+  run_set_state (e, r, RUN_READY);
   r->nr_blockers = 0;
   list_add_head (&f->ready, &r->ready_link);
 }
@@ -123,12 +99,13 @@ ready_remove (struct eng_file *f, struct eng_run *r)
 
 /* q (blocked) now waits for n older runs; at 0 it is free to go. */
 static void
-set_blockers (struct eng_file *f, struct eng_run *q, size_t n)
+set_blockers (struct engine *e, struct eng_file *f, struct eng_run *q,
+              size_t n)
 {
   assert (q->state == RUN_BLOCKED);
   q->nr_blockers = n;
   if (n == 0)
-    ready_append (f, q);
+    ready_append (e, f, q);
 }
 
 /* A walk of a file's index on behalf of run r. */
@@ -157,7 +134,7 @@ release_one_newer (struct itree_node *node, void *opaque)
 
   if (q->batch > w->r->batch) {
     assert (q->state == RUN_BLOCKED && q->nr_blockers > 0);
-    set_blockers (w->f, q, q->nr_blockers - 1);
+    set_blockers (w->e, w->f, q, q->nr_blockers - 1);
   }
   return false;
 }
@@ -204,63 +181,16 @@ count_blockers (struct engine *e, struct eng_file *f, uint64_t batch,
 
     if (older)
       walk_overlapping (e, f, q, count_one_older, &w);
-    set_blockers (f, q, q->nr_blockers);
+    set_blockers (e, f, q, q->nr_blockers);
   }
 }
 
-/* Runs are never empty and end before 2^64 (pieces_valid). */
 static void
-index_add (struct eng_file *f, struct eng_run *r)
-{
-  r->node.start = r->run->offset;
-  r->node.end = r->run->offset + r->run->count;
-  itree_insert (&f->index, &r->node);
-}
-
-/* Run r takes the queue's tail and the index, RUN_BLOCKED by nothing
- * yet: the caller counts its blockers (conn_unplug) or knows there are
- * none (the direct path), and then calls set_blockers.
- */
-void
-queue_append (struct engine *e, struct eng_run *r)
-{
-  struct eng_file *f = &e->files[r->run->backing];
-
-  r->state = RUN_BLOCKED;
-  f->nr_blocked++;
-  r->nr_blockers = 0;
-  list_init (&r->ready_link);
-  list_add_tail (&f->queue, &r->qlink);
-  index_add (f, r);
-  f->nr_queued++;
-  /* A delayed file's timer runs only while something is queued: its
-   * queue emptied by a close's or the exit's deadline (fail_queued),
-   * the delay's timer comes back with this run.  (A split's pieces
-   * never land in a delayed file: a run completes only in a file that
-   * dispatched, which makes it FILE_RUNNING.)
-   */
-  if (f->state == FILE_DELAYED && f->nr_queued == 1)
-    deadline_earlier (e);
-  r->conn->nr_runs++;
-}
-
-void
-run_start (struct eng_file *f, struct eng_run *r, uint64_t now,
-           struct eng_actions *out)
-{
-  r->state = RUN_INFLIGHT;
-  r->issued_ns = now;
-  f->nr_queued--;
-  f->inflight++;
-  act_issue (out, r);
-}
-
-static void
-run_issue (struct eng_file *f, struct eng_run *r, uint64_t now,
-           struct eng_actions *out)
+run_issue (struct engine *e, struct eng_file *f, struct eng_run *r,
+           uint64_t now, struct eng_actions *out)
 {
   ready_remove (f, r);
-  run_start (f, r, now, out);
+  run_start (e, f, r, now, out);
 }
 
 /* Issue file b's ready runs, in order, as far as its slots allow.
@@ -280,14 +210,14 @@ queue_dispatch (struct engine *e, uint32_t b, uint64_t now, bool force,
     return;
   if (f->state == FILE_STALLED && !force)
     return;
-  f->state = FILE_RUNNING;
+  file_set_state (e, f, FILE_RUNNING);
   while ((r = list_first (&f->ready, struct eng_run, ready_link)) != NULL) {
     if (f->inflight >= f->max_inflight) {
       /* A driver out of tags: the next completion dispatches again. */
       STATS_ADD (r->conn->stats->no_slot, 1);
       break;
     }
-    run_issue (f, r, now, out);
+    run_issue (e, f, r, now, out);
   }
 }
 
@@ -301,31 +231,12 @@ dispatch_all (struct engine *e, uint64_t now, bool force,
     queue_dispatch (e, b, now, force, out);
 }
 
-static bool
-holds_seq_at_most (struct itree_node *node, void *opaque)
-{
-  return run_of_node (node)->min_seq <= *(const uint64_t *) opaque;
-}
-
-/* Does any unfinished run of file b overlap [offset, offset+count)?
- * With max_seq != UINT64_MAX, only runs holding a mutation at least as
- * old as that.
- */
-bool
-queue_overlaps (const struct engine *e, uint32_t b, uint64_t offset,
-                uint64_t count, uint64_t max_seq)
-{
-  /* Not QUEUE ORDER's steps: not counted. */
-  return itree_overlapping (&e->files[b].index, offset, offset + count,
-                            holds_seq_at_most, &max_seq, NULL);
-}
-
 /* A run of one piece (the direct path, a fast zero, a failed merged run
  * split up), with the engine's header in front as plug_merge makes
  * them.  Returns NULL on ENOMEM.
  */
 struct eng_run *
-single_run (const struct engine *e, struct plug_req *p)
+single_run (struct engine *e, struct plug_req *p)
 {
   struct plug_run *pr = plug_run_alloc (e->run_prefix, 1);
   struct eng_run *r;
@@ -340,7 +251,7 @@ single_run (const struct engine *e, struct plug_req *p)
   pr->reqs[0] = p;
   r = run_of (pr);
   r->run = pr;
-  list_init (&r->issue_link);
+  run_made (e, r);
   return r;
 }
 
@@ -363,7 +274,7 @@ rewait_one_newer (struct itree_node *node, void *opaque)
     k += n->run->offset < q->node.end &&
       q->node.start < n->run->offset + n->run->count;
   }
-  set_blockers (w->f, q, q->nr_blockers - 1 + k);
+  set_blockers (w->e, w->f, q, q->nr_blockers - 1 + k);
   return false;
 }
 
@@ -411,8 +322,9 @@ split_run (struct engine *e, struct eng_file *f, struct eng_run *r)
    * go out again first, in offset order.
    */
   for (; node != before; node = node->prev)
-    ready_push (f, list_entry (node, struct eng_run, qlink));
+    ready_push (e, f, list_entry (node, struct eng_run, qlink));
   r->conn->nr_runs--;
+  run_set_state (e, r, RUN_DONE);
   run_free (r);
   return 0;
 }
@@ -440,13 +352,13 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
      * otherwise wait for ever.
      */
     if (f->inflight == 0)
-      f->state = FILE_RUNNING;
+      file_set_state (e, f, FILE_RUNNING);
     return;
   }
-  ready_push (f, r);
+  ready_push (e, f, r);
   f->nr_queued++;
   if (f->inflight > 0) {
-    f->state = FILE_STALLED;
+    file_set_state (e, f, FILE_STALLED);
     return;
   }
   /* blk_delay_queue, with a capped backoff; the last retry lands on the
@@ -455,7 +367,7 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
   delay = retry_delay (&e->cfg.retry, f->retry.attempts);
   if (f->retry.attempts < 64)
     f->retry.attempts++;
-  f->state = FILE_DELAYED;
+  file_set_state (e, f, FILE_DELAYED);
   f->delay_until = MIN (eng_add_ns (now, delay), deadline);
   deadline_earlier (e);
 }

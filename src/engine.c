@@ -215,12 +215,10 @@ int
 engine_submit (struct engine *e, struct eng_conn *c, struct eng_op *op,
                uint64_t now, struct eng_actions *out)
 {
+  op_begin (e, op);
   op->acked = false;
-  op->told_ok = false;
-  op->reply_pending = false;
   op->err = 0;
   op->conn = c;
-  op->state = OP_NEW;
   /* The caller's op may come from calloc or a cache: its links are
    * made here, unlinked.
    */
@@ -284,7 +282,7 @@ engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
        * its requests completes: the delay is only for an idle queue.
        */
       STATS_ADD (r->conn->stats->restarted, 1);
-      f->state = FILE_RUNNING;
+      file_set_state (e, f, FILE_RUNNING);
     }
     retry_reset (&f->retry);
     run_finish (e, r, 0, now, out);
@@ -294,7 +292,7 @@ engine_complete (struct engine *e, struct eng_run *r, int err, uint64_t now,
   else {
     /* The backend answered: a stalled queue may run again. */
     if (f->state == FILE_STALLED)
-      f->state = FILE_RUNNING;
+      file_set_state (e, f, FILE_RUNNING);
     if (fast && (err == ENOTSUP || retry_is_transient (err)))
       err = ENOTSUP;            /* "Cannot be fast": an answer. */
     else {
@@ -339,7 +337,7 @@ engine_tick (struct engine *e, uint64_t now, struct eng_actions *out)
         c->lone_streak = c->plug.reqs.len == 1 && c->nr_waiting <= 1 ?
           c->lone_streak + 1 : 0;
         if (c->lone_streak >= LONE_STREAK)
-          c->pace = PACE_PASSTHROUGH;
+          pace_set (e, c, PACE_PASSTHROUGH);
         else if (c->pace == PACE_PLUG)
           pace_idle (c);
       }

@@ -142,26 +142,65 @@ struct eng_config {
   void (*log) (void *opaque, int level, const char *msg);
   void *log_opaque;
   bool debug_unplug;            /* Log every unplug at level 1. */
+  /* Told of every change of state of an op, a run, a file's queue, a
+   * connection's pace, a connection or the engine, as "op 17: NEW ->
+   * ACKED" (machine, the object's number, from, to), with log_opaque
+   * and the caller's lock held.  NULL: not told (the engine then pays
+   * one test per change).
+   */
+  void (*state_log) (void *opaque, const char *msg);
   unsigned inject_unplug_nomem; /* N > 0: every Nth unplug fails as if
                                  * out of memory (a testing aid). */
   const char *const *names;     /* Borrowed: [nr_backings] file names for
                                  * messages, or NULL. */
 };
 
-/* Engine-private state of an op: named, never a cluster of booleans. */
+/* Engine-private state of an op, its one truth: whether its client
+ * waits, was told, or is answered follows from it.  Every change goes
+ * through one function that checks it against the legal transitions
+ * (eng_op_transition_legal):
+ *
+ *   NEW -> ACKED -> FINISHED                 writeback write
+ *   NEW -> WAIT_MEMORY -> ACKED -> FINISHED  ... past the memory bound
+ *   NEW -> ADMITTED -> ANSWERED -> FINISHED  hold mode, direct, FUA
+ *   NEW -> ADMITTED -> SYNC_WAIT -> ...      FUA, once written
+ *   NEW -> WAITING -> SYNC_WAIT -> ...       FLUSH, exit
+ *   NEW -> WAITING -> ANSWERED -> ...        read, close
+ *   NEW, WAIT_MEMORY -> ANSWERED -> ...      answered at once, refused
+ */
 enum eng_op_state {
-  OP_NEW,                       /* Not yet submitted. */
+  OP_NEW,                       /* Submitted, not yet placed; the client
+                                 * waits (except a writeback write,
+                                 * which leaves NEW for ACKED at once). */
   OP_WAIT_MEMORY,               /* Writeback, past max-bytes: waits to be
                                  * admitted (the client waits). */
-  OP_ADMITTED,                  /* Has a sequence number; pieces are held
-                                 * in a plug or in runs. */
+  OP_ACKED,                     /* Admitted (a sequence number, pieces
+                                 * held in a plug or in runs), and its
+                                 * client was told "written" before it
+                                 * finished: a later failure enters THE
+                                 * RECORD. */
+  OP_ADMITTED,                  /* Admitted; its client waits for the
+                                 * result (hold mode, FUA, the direct
+                                 * path, a fast zero). */
   OP_WAITING,                   /* FLUSH/READ/CLOSE/SHUTDOWN: parked until
                                  * its condition holds. */
   OP_SYNC_WAIT,                 /* FLUSH, FUA mutation, SHUTDOWN: what it
                                  * covers is written; waits for the
                                  * files' syncs (sync_round). */
-  OP_FINISHED,                  /* Answered and released. */
+  OP_ANSWERED,                  /* On a reply list; the engine is about
+                                 * to release it. */
+  OP_FINISHED,                  /* Released: the caller frees it. */
 };
+#define ENG_OP_NR_STATES (OP_FINISHED + 1)
+
+/* May an op go from state `from` to state `to`? */
+extern bool eng_op_transition_legal (enum eng_op_state from,
+                                     enum eng_op_state to);
+
+/* The name of an op state ("NEW", "ACKED", ...), as the state log says
+ * it.
+ */
+extern const char *eng_op_state_name (enum eng_op_state s);
 
 struct eng_conn;
 
@@ -183,12 +222,16 @@ struct eng_op {
 
   /* Results, valid once the op is on a reply list (or acknowledged). */
   int err;                      /* 0 or an errno for the client. */
-  bool acked;                   /* Set by engine_submit: the client may be
-                                 * answered with success right now and the
-                                 * op will never be on a reply list. */
+  bool acked;                   /* Set by engine_submit for the caller:
+                                 * the client may be answered with
+                                 * success right now and the op will
+                                 * never be on a reply list.  The engine
+                                 * never reads it (its state says so:
+                                 * OP_ACKED). */
 
   /* Engine only. */
   enum eng_op_state state;
+  uint64_t id;                  /* For the state log: submission order. */
   struct eng_conn *conn;
   uint64_t seq;                 /* Mutations: admission order. */
   uint64_t horizon;             /* FLUSH/READ: highest seq before it. */
@@ -196,10 +239,6 @@ struct eng_op {
   uint64_t sync_round;          /* OP_SYNC_WAIT: answered when this round
                                  * of syncs is done. */
   size_t pending;               /* Pieces not finished. */
-  bool reply_pending;           /* The client waits for an answer. */
-  bool told_ok;                 /* The client was told "written" before
-                                 * the data finished (writeback): a later
-                                 * failure enters THE RECORD. */
   struct list_node unf;         /* Unfinished mutations, by seq. */
   struct stats_flush_mark flush_mark;   /* FLUSH, SHUTDOWN: its window of
                                          * the unflushed (stats.h). */
@@ -208,12 +247,16 @@ struct eng_op {
 };
 
 enum eng_run_state {
+  RUN_NEW,                      /* Made by an unplug or a split, not yet
+                                 * queued. */
   RUN_BLOCKED,                  /* Queued behind nr_blockers older
                                  * unfinished runs of its file that
                                  * overlap it. */
   RUN_READY,                    /* Queued, free to go: on its file's
                                  * ready list, waiting for a slot. */
   RUN_INFLIGHT,                 /* Given to the caller to issue. */
+  RUN_DONE,                     /* Finished (or replaced by its pieces):
+                                 * about to be freed. */
 };
 
 /* A run: one backend I/O, made of the pieces of one connection's plug
@@ -224,6 +267,7 @@ struct eng_run {
                                  * count, members (with their bufs). */
   /* Engine only. */
   enum eng_run_state state;
+  uint64_t id;                  /* For the state log: creation order. */
   struct eng_conn *conn;        /* Whose plug it came from. */
   uint64_t batch;               /* Runs of one batch never overlap. */
   uint64_t min_seq;             /* Oldest member. */

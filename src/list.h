@@ -121,19 +121,26 @@ list_splice_tail (list_head *to, list_head *from)
   ((e)->member.prev == (h) ? NULL : \
    list_entry ((e)->member.prev, __typeof__ (*(e)), member))
 
+/* The node of element e, or the head: e ran off the end of the walk
+ * (e is then the head's would-be container and must not be used).
+ */
+#define list_entry_is_head(e, h, member) (&(e)->member == (h))
+
 /* Walk the elements; the body may unlink the current one (the next is
- * read first), not others.
+ * read first), not others.  The walk compares nodes with the head and
+ * never tests for NULL: a test per step fewer on every walk.
  */
 #define list_for_each_safe(e, tmp, h, member)                           \
-  for ((e) = list_first ((h), __typeof__ (*(e)), member),              \
-         (tmp) = (e) ? list_next ((h), (e), member) : NULL;            \
-       (e) != NULL;                                                     \
-       (e) = (tmp), (tmp) = (e) ? list_next ((h), (e), member) : NULL)
+  for ((e) = list_entry ((h)->next, __typeof__ (*(e)), member),        \
+         (tmp) = list_entry ((e)->member.next, __typeof__ (*(e)), member); \
+       !list_entry_is_head ((e), (h), member);                          \
+       (e) = (tmp),                                                     \
+         (tmp) = list_entry ((e)->member.next, __typeof__ (*(e)), member))
 
 #define list_for_each(e, h, member)                                     \
-  for ((e) = list_first ((h), __typeof__ (*(e)), member);              \
-       (e) != NULL;                                                     \
-       (e) = list_next ((h), (e), member))
+  for ((e) = list_entry ((h)->next, __typeof__ (*(e)), member);        \
+       !list_entry_is_head ((e), (h), member);                          \
+       (e) = list_entry ((e)->member.next, __typeof__ (*(e)), member))
 
 /* Pop the first element, or NULL. */
 #define list_pop(h, type, member) \

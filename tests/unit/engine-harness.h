@@ -86,6 +86,8 @@ extern uint64_t make_max_delay_ns;
 extern unsigned make_max_requests;
 extern bool make_direct;
 extern uint64_t make_direct_min;       /* direct-size=, 0: off. */
+/* The state log of the next engine made (NULL: none). */
+extern void (*make_state_log) (void *opaque, const char *msg);
 
 /* The statistics every connection counts into. */
 extern struct plug_stats stats;

@@ -504,8 +504,11 @@ check_flushes (void)
      * as does any mutation whose client waited (hold mode, the direct
      * path) answered with an error.
      */
+    /* (A writer told "written" when let in after waiting for memory
+     * is neither FUA nor answered with an error: not one of these.)
+     */
     if (covers_all (f) ||
-        (is_mutation (f) && f->op.seq != 0 && !f->op.told_ok &&
+        (is_mutation (f) && f->op.seq != 0 &&
          ((f->op.flags & ENG_F_FUA) || f->res.err != 0))) {
       f->flush_checked = true;
       due[n++] = f;
@@ -614,7 +617,7 @@ complete_run (size_t i, int err)
     struct plug_req *p = r->reqs[0];
     struct mop *q = (struct mop *) ((struct eng_op *) p->opaque);
 
-    if (q->op.told_ok)
+    if (q->op.state == OP_ACKED)
       for (s = p->offset / SECTOR; s < (p->offset + p->count) / SECTOR; ++s)
         note_lost (p->backing, s, q->op.seq);
   }

@@ -18,3 +18,4 @@
 #include "../../src/engine-life.c"
 #include "../../src/engine-pace.c"
 #include "../../src/engine-queue.c"
+#include "../../src/engine-state.c"
