@@ -165,7 +165,7 @@ request_new (enum eng_kind kind, uint64_t offset, uint64_t count,
     pflags |= PLUG_F_FAST;
 
   for (i = 0; i < n; ++i) {
-    struct plug_req *p = &r->pieces[i];
+    struct plug_piece *p = &r->pieces[i];
 
     /* Reads are checked by conn_pread; a barrier for block status may
      * be misaligned (that answer is "data" then).  A piece starts

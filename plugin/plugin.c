@@ -149,7 +149,7 @@ struct config cfg = {
   .max_inflight = DEFAULT_MAX_INFLIGHT,
   .io_threads = DEFAULT_IO_THREADS,
   .direct = DIRECT_AUTO,
-  .direct_min = UINT64_MAX,     /* Set by make_engine unless given. */
+  .direct_size = UINT64_MAX,     /* Set by make_engine unless given. */
   .retry = {
     .delay_ns = DEFAULT_RETRY_DELAY_NS,
     .max_delay_ns = DEFAULT_RETRY_MAX_DELAY_NS,
@@ -751,7 +751,7 @@ plugin_config (const char *key, const char *value)
     }
   }
   else if (strcmp (key, "direct-size") == 0)
-    return parse_size_param (key, value, &cfg.direct_min, 0, UINT32_MAX);
+    return parse_size_param (key, value, &cfg.direct_size, 0, UINT32_MAX);
   else if (strcmp (key, "io-threads") == 0)
     return parse_count_param (key, value, &cfg.io_threads, 1, 1024);
   else if (strcmp (key, "remote-connections") == 0)
@@ -907,11 +907,11 @@ make_engine (void)
   struct eng_config ec;
   size_t i;
 
-  if (cfg.direct_min == UINT64_MAX) {
-    cfg.direct_min = DEFAULT_DIRECT_SIZE_LOCAL;
+  if (cfg.direct_size == UINT64_MAX) {
+    cfg.direct_size = DEFAULT_DIRECT_SIZE_LOCAL;
     for (i = 0; i < nr_backings; ++i)
       if (backings[i].remote)
-        cfg.direct_min = DEFAULT_DIRECT_SIZE_REMOTE;
+        cfg.direct_size = DEFAULT_DIRECT_SIZE_REMOTE;
   }
   ec = (struct eng_config) {
     .mode = cfg.mode == MODE_HOLD ? ENG_HOLD : ENG_WRITEBACK,
@@ -921,7 +921,7 @@ make_engine (void)
     .lim = cfg.lim,
     .max_inflight = cfg.max_inflight,
     .direct = cfg.direct != DIRECT_NEVER,
-    .direct_min = cfg.direct_min,
+    .direct_size = cfg.direct_size,
     .retry = cfg.retry,
     .seed = index_seed (),
     .log = engine_log,

@@ -58,7 +58,7 @@ struct config {
   unsigned max_inflight;
   unsigned io_threads;          /* Threads issuing runs (iopool). */
   enum plug_direct direct;
-  uint64_t direct_min;          /* direct-size=: so do requests this
+  uint64_t direct_size;          /* direct-size=: so do requests this
                                  * large. */
   struct retry_policy retry;
   bool shared;                  /* lock=no: no lock on the files. */

@@ -46,7 +46,7 @@ static size_t
 header_size (size_t nr_pieces)
 {
   size_t n = offsetof (struct request, pieces) +
-    nr_pieces * sizeof (struct plug_req);
+    nr_pieces * sizeof (struct plug_piece);
 
   return (n + 63) & ~(size_t) 63;
 }

@@ -38,7 +38,7 @@ struct request {
                                  * when the request is freed. */
   int cls;                      /* Size class, or -1: never recycled. */
   size_t room;                  /* Bytes of data room after the pieces. */
-  struct plug_req pieces[];     /* op.pieces points here. */
+  struct plug_piece pieces[];   /* op.pieces points here. */
 };
 
 /* A request with room for nr_pieces pieces and `room` bytes of data

@@ -25,7 +25,7 @@
  * plug?  (Newer held data never makes a read wait: it could starve.)
  */
 bool
-held_before (const struct engine *e, const struct plug_req *p,
+held_before (const struct engine *e, const struct plug_piece *p,
              uint64_t max_seq)
 {
   const struct eng_conn *c;
@@ -43,7 +43,7 @@ held_before (const struct engine *e, const struct plug_req *p,
  * works empties the plug.
  */
 bool
-unplug_overlapping (struct engine *e, const struct plug_req *p,
+unplug_overlapping (struct engine *e, const struct plug_piece *p,
                     enum plug_reason reason, uint64_t now,
                     struct eng_actions *out)
 {
@@ -134,7 +134,7 @@ conn_unplug (struct engine *e, struct eng_conn *c, enum plug_reason reason,
     r->batch = batch;
     r->min_seq = UINT64_MAX;
     for (k = 0; k < pr->n; ++k) {
-      const struct plug_req *p = pr->reqs[k];
+      const struct plug_piece *p = pr->reqs[k];
 
       r->min_seq = MIN (r->min_seq, p->seq);
       stats_hist_add_serial (&c->stats->latency[STATS_L_HELD],
@@ -169,7 +169,7 @@ plug_pieces (struct engine *e, struct eng_conn *c, struct eng_op *op,
   if (plug_is_empty (&c->plug))
     deadline_earlier (e);       /* idle= and max-delay= start. */
   for (i = 0; i < op->nr_pieces; ++i) {
-    struct plug_req *p = &op->pieces[i];
+    struct plug_piece *p = &op->pieces[i];
     int r;
 
     r = plug_add (&c->plug, p);
@@ -240,7 +240,7 @@ over_memory (const struct engine *e, const struct eng_conn *c,
 {
   if (c->nr_told_ok >= ACKED_PER_MAX_REQUEST * e->cfg.lim.max_requests)
     return true;
-  return c->bytes > 0 && c->bytes + op->bytes > e->mem_bound;
+  return c->bytes > 0 && c->bytes + op->bytes > e->cfg.lim.max_bytes;
 }
 
 /* Let in the writers waiting for memory that fit now, oldest first. */
@@ -255,7 +255,7 @@ admit_waiters (struct engine *e, struct eng_conn *c, uint64_t now,
     /* Tried again at the next release, or after the failed unplug's
      * retry (engine_tick).
      */
-    if (plug_req_vector_reserve (&c->plug.reqs, op->nr_pieces) == -1 ||
+    if (plug_piece_vector_reserve (&c->plug.reqs, op->nr_pieces) == -1 ||
         !make_room (e, op, now, out))
       return;
     list_del (&op->wait);
@@ -312,7 +312,7 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
     check_parked (e, c, now, out);
     return 0;
   }
-  if (plug_req_vector_reserve (&c->plug.reqs, op->nr_pieces) == -1)
+  if (plug_piece_vector_reserve (&c->plug.reqs, op->nr_pieces) == -1)
     return -1;
   if (!make_room (e, op, now, out)) {
     errno = ENOMEM;             /* Refused before it is acknowledged. */

@@ -31,7 +31,7 @@ can_issue_now (struct engine *e, const struct eng_op *op)
   size_t i;
 
   for (i = 0; i < op->nr_pieces; ++i) {
-    const struct plug_req *p = &op->pieces[i];
+    const struct plug_piece *p = &op->pieces[i];
     const struct eng_file *f = &e->files[p->backing];
 
     if (f->state != FILE_RUNNING ||
@@ -142,7 +142,7 @@ engine_try_direct (struct engine *e, struct eng_conn *c, struct eng_op *op,
   assert (op->kind == ENG_WRITE || op->kind == ENG_ZERO ||
           op->kind == ENG_TRIM);
   near = near_recent (e, c, op->offset, op->count);
-  large = e->cfg.direct_min > 0 && op->count >= e->cfg.direct_min;
+  large = e->cfg.direct_size > 0 && op->count >= e->cfg.direct_size;
   if (!e->cfg.direct || (near && !large) || (op->flags & ENG_F_FAST) ||
       e->state != ENGINE_RUNNING || c->state != CONN_OPEN ||
       !list_empty (&c->mem_wait) || !pieces_valid (e, op) ||

@@ -192,7 +192,7 @@ record_check_op (const struct engine *e, const struct eng_op *op)
   if (e->nr_lost_spans == 0)
     return 0;
   for (i = 0; i < op->nr_pieces; ++i) {
-    const struct plug_req *p = &op->pieces[i];
+    const struct plug_piece *p = &op->pieces[i];
     const span_vector *v = &e->files[p->backing].lost;
 
     for (k = 0; k < v->len; ++k)
@@ -539,7 +539,7 @@ note_written (struct engine *e, const struct eng_run *r)
   size_t i;
 
   for (i = 0; i < r->run->n; ++i) {
-    const struct plug_req *p = r->run->reqs[i];
+    const struct plug_piece *p = r->run->reqs[i];
     struct span sp = {
       .start = p->offset, .end = p->offset + p->count,
       .seq_lo = p->seq, .seq_hi = p->seq, .extent = SPAN_EXACT,
@@ -618,7 +618,7 @@ read_blocked (const struct engine *e, const struct eng_op *op)
   size_t i;
 
   for (i = 0; i < op->nr_pieces; ++i) {
-    const struct plug_req *p = &op->pieces[i];
+    const struct plug_piece *p = &op->pieces[i];
 
     if (queue_overlaps (e, p->backing, p->offset, p->count, op->horizon) ||
         held_before (e, p, op->horizon))
@@ -664,7 +664,7 @@ run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
     note_written (e, r);
 
   for (i = 0; i < r->run->n; ++i) {
-    struct plug_req *p = r->run->reqs[i];
+    struct plug_piece *p = r->run->reqs[i];
     struct eng_op *op = p->opaque;
     uint64_t held = now > p->arrival_ns ? now - p->arrival_ns : 0;
 

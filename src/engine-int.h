@@ -67,6 +67,15 @@ DEFINE_VECTOR_TYPE (span_vector, struct span)
  */
 #define SPAN_CAP 256
 
+/* A plug goes out at 1/ENG_PLUG_SHARE of max-bytes, the memory bound
+ * of a connection's copies (the role of the kernel's
+ * BLK_PLUG_FLUSH_SIZE): one batch is written while the next one fills,
+ * and both fit in max-bytes.  A plug that went out at max-bytes itself
+ * would leave the next writer waiting for memory until its batch was
+ * written.
+ */
+#define ENG_PLUG_SHARE 2
+
 /* A file's sync (engine_sync_done).  One at a time per file: a sync
  * covers what was written before it began, so a FLUSH that finds one
  * running after its writes finished needs the next one (the kernel's
@@ -221,7 +230,11 @@ struct engine {
   uint64_t order_checks;        /* See struct eng_counts. */
   uint64_t widened;             /* See struct eng_counts. */
   size_t run_prefix;
-  uint64_t mem_bound;           /* Copied bytes per connection. */
+  /* What every connection's plug is made with: cfg.lim, but unplugging
+   * at max_bytes / ENG_PLUG_SHARE.  cfg.lim.max_bytes stays the memory
+   * bound of a connection's copies (over_memory).
+   */
+  struct plug_limits plug_lim;
   uint64_t nr_lost_spans;       /* Entries in every file's record. */
   uint64_t sync_round;          /* Rounds of syncs begun. */
   unsigned sync_pending;        /* Syncs of the last round not done; 0:
@@ -420,7 +433,7 @@ run_of_node (struct itree_node *node)
 }
 
 static inline bool
-held_anywhere (const struct engine *e, const struct plug_req *p)
+held_anywhere (const struct engine *e, const struct plug_piece *p)
 {
   const struct eng_conn *c;
 
@@ -444,7 +457,7 @@ pieces_valid (const struct engine *e, const struct eng_op *op)
   if (op->nr_pieces == 0 && op->kind != ENG_READ)
     return false;
   for (i = 0; i < op->nr_pieces; ++i) {
-    const struct plug_req *p = &op->pieces[i];
+    const struct plug_piece *p = &op->pieces[i];
 
     if (p->backing >= e->cfg.nr_backings || p->count == 0 ||
         p->count > UINT64_MAX - p->offset)
@@ -615,7 +628,7 @@ extern void
 dispatch_all (struct engine *e, uint64_t now, bool force,
               struct eng_actions *out);
 extern struct eng_run *
-single_run (struct engine *e, struct plug_req *p);
+single_run (struct engine *e, struct plug_piece *p);
 extern int
 split_run (struct engine *e, struct eng_file *f, struct eng_run *r);
 extern void
@@ -625,10 +638,10 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
 /* ---- engine-admit.c ---- */
 
 extern bool
-held_before (const struct engine *e, const struct plug_req *p,
+held_before (const struct engine *e, const struct plug_piece *p,
              uint64_t max_seq);
 extern bool
-unplug_overlapping (struct engine *e, const struct plug_req *p,
+unplug_overlapping (struct engine *e, const struct plug_piece *p,
                     enum plug_reason reason, uint64_t now,
                     struct eng_actions *out);
 extern void

@@ -43,7 +43,7 @@ engine_conn_open (struct engine *e, struct plug_stats *stats)
   c = calloc (1, sizeof *c);
   if (c == NULL)
     return NULL;
-  if (plug_init (&c->plug, &e->cfg.lim, e->cfg.nr_backings) == -1) {
+  if (plug_init (&c->plug, &e->plug_lim, e->cfg.nr_backings) == -1) {
     free (c);
     return NULL;
   }

@@ -236,7 +236,7 @@ dispatch_all (struct engine *e, uint64_t now, bool force,
  * them.  Returns NULL on ENOMEM.
  */
 struct eng_run *
-single_run (struct engine *e, struct plug_req *p)
+single_run (struct engine *e, struct plug_piece *p)
 {
   struct plug_run *pr = plug_run_alloc (e->run_prefix, 1);
   struct eng_run *r;
@@ -293,7 +293,7 @@ split_run (struct engine *e, struct eng_file *f, struct eng_run *r)
   size_t i;
 
   for (i = r->run->n; i-- > 0; ) {
-    struct plug_req *p = r->run->reqs[i];
+    struct plug_piece *p = r->run->reqs[i];
 
     n = single_run (e, p);
     if (n == NULL) {

@@ -132,13 +132,11 @@ engine_new (const struct eng_config *cfg)
   /* The run header lives in front of each merged run (plug.h). */
   e->run_prefix = (sizeof (struct eng_run) + _Alignof (max_align_t) - 1) /
     _Alignof (max_align_t) * _Alignof (max_align_t);
-  e->cfg.lim.run_prefix = e->run_prefix;
-  e->cfg.lim.seed = cfg->seed ^ 0x9e3779b9u;
-  /* The memory bound stays cfg->lim.max_bytes (over_memory); the plug
-   * goes out at half of it (BLK_PLUG_FLUSH_SIZE's role).
-   */
-  e->mem_bound = cfg->lim.max_bytes;
-  e->cfg.lim.max_bytes = MAX (cfg->lim.max_bytes / 2, (uint64_t) 1);
+  e->plug_lim = cfg->lim;
+  e->plug_lim.run_prefix = e->run_prefix;
+  e->plug_lim.seed = cfg->seed ^ 0x9e3779b9u;
+  e->plug_lim.max_bytes = MAX (cfg->lim.max_bytes / ENG_PLUG_SHARE,
+                               (uint64_t) 1);
   for (b = 0; b < cfg->nr_backings; ++b) {
     struct eng_file *f = &e->files[b];
 

@@ -120,12 +120,13 @@ struct eng_config {
   struct plug_limits lim;       /* max_requests, max_bytes, max_merge,
                                  * max_iov.  max_bytes is the memory
                                  * bound of a connection's copies; its
-                                 * plug unplugs at half of it, so that
-                                 * one batch is written while the next
-                                 * one fills. */
+                                 * plug unplugs at half of it
+                                 * (engine-int.h, ENG_PLUG_SHARE), so
+                                 * that one batch is written while the
+                                 * next one fills. */
   unsigned max_inflight;        /* Runs in flight per backing file. */
   bool direct;                  /* Write what cannot merge at once. */
-  uint64_t direct_min;          /* With direct: a request this large is
+  uint64_t direct_size;          /* With direct: a request this large is
                                  * an efficient I/O by itself and is
                                  * written at once too (no copy).  0:
                                  * only by the nearness rule. */
@@ -213,7 +214,7 @@ struct eng_op {
                                  * this op (writeback writes): counted
                                  * against max-bytes until released. */
   size_t nr_pieces;
-  struct plug_req *pieces;      /* Borrowed: [nr_pieces], one per backing
+  struct plug_piece *pieces;    /* Borrowed: [nr_pieces], one per backing
                                  * file piece, with backing, offset,
                                  * count, op, flags and (writes) buf set.
                                  * The engine sets seq, arrival_ns and
@@ -351,10 +352,10 @@ extern void engine_set_max_inflight (struct engine *e, uint32_t b,
  */
 enum eng_direct_rule {
   ENG_DIRECT_UNMERGED,          /* What cannot merge at once, and what is
-                                 * at least cfg.direct_min: a file that
+                                 * at least cfg.direct_size: a file that
                                  * writes a request in about the time a
                                  * copy takes (a local file). */
-  ENG_DIRECT_LARGE,             /* Only what is at least cfg.direct_min:
+  ENG_DIRECT_LARGE,             /* Only what is at least cfg.direct_size:
                                  * a file whose every operation costs far
                                  * more than a copy (a remote server's
                                  * round trip), where acknowledging from
@@ -411,7 +412,7 @@ extern void engine_conn_set_workers (struct engine *e, struct eng_conn *c,
  * has not copied) be written at once, without entering the plug?  It
  * may when it continues none of c's recent requests (so it could not
  * merge) and every file of its pieces has the rule ENG_DIRECT_UNMERGED,
- * or it is at least cfg.direct_min; and it overlaps nothing unfinished,
+ * or it is at least cfg.direct_size; and it overlaps nothing unfinished,
  * and its files have free slots.
  * If so, returns true: op is admitted, its runs are on out->issue and
  * the client waits for the answer (the data stays the caller's until

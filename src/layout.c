@@ -143,18 +143,6 @@ map_piece (const struct layout *l, uint64_t offset, uint64_t count,
 }
 
 int
-layout_piece_at (const struct layout *l, uint64_t offset, uint64_t count,
-                 struct layout_piece *piece)
-{
-  if (count == 0 || offset >= l->size || count > l->size - offset) {
-    errno = EINVAL;
-    return -1;
-  }
-  map_piece (l, offset, count, piece);
-  return 0;
-}
-
-int
 layout_iter_init (struct layout_iter *it, const struct layout *l,
                   uint64_t offset, uint64_t count)
 {
@@ -278,6 +266,17 @@ layout_seg_init (struct layout_seg_iter *it, const struct layout *l,
   it->left = piece->count;
 }
 
+/* Export offset of a byte of a backing file: the inverse of the
+ * mapping.  Requires off < sizes[backing].
+ */
+static uint64_t
+layout_export_offset (const struct layout *l, uint32_t backing, uint64_t off)
+{
+  if (l->stripe == 0)
+    return l->starts[backing] + off;
+  return ((off / l->stripe) * l->nr + backing) * l->stripe + off % l->stripe;
+}
+
 int
 layout_seg_next (struct layout_seg_iter *it, uint64_t *buf_offset,
                  uint64_t *len)
@@ -309,12 +308,4 @@ layout_gather_piece (const struct layout *l, uint64_t req_offset,
     memcpy (d, (const char *) src + off, len);
     d += len;
   }
-}
-
-uint64_t
-layout_export_offset (const struct layout *l, uint32_t backing, uint64_t off)
-{
-  if (l->stripe == 0)
-    return l->starts[backing] + off;
-  return ((off / l->stripe) * l->nr + backing) * l->stripe + off % l->stripe;
 }

@@ -67,17 +67,6 @@ extern void layout_free (struct layout *l);
 /* A sentence describing why (for the plugin's nbdkit_error). */
 extern const char *layout_strerror (enum layout_error why);
 
-/* The piece of [offset, offset+count) that starts at `offset`: fills
- * *piece (buf_offset = 0) and returns 0.  The piece is the longest run
- * that stays in one file (and, striped, in one stripe unit).
- * Returns -1 with errno EINVAL if count is 0 or the range is not
- * inside the export: the layout never trusts its caller's bounds.
- * Context: any thread.
- */
-extern int layout_piece_at (const struct layout *l, uint64_t offset,
-                            uint64_t count, struct layout_piece *piece)
-  __attribute__ ((__nonnull__ (1, 4)));
-
 /* Iterate over all pieces of a range:
  *
  *   struct layout_iter it;
@@ -180,12 +169,5 @@ extern void layout_gather_piece (const struct layout *l, uint64_t req_offset,
                                  const struct layout_piece *piece,
                                  const void *src, void *dst)
   __attribute__ ((__nonnull__ (1, 3, 4, 5)));
-
-/* Export offset of a byte of a backing file: the inverse of the mapping.
- * Used by extents and by tests.  Requires off < sizes[backing].
- */
-extern uint64_t layout_export_offset (const struct layout *l,
-                                      uint32_t backing, uint64_t off)
-  __attribute__ ((__nonnull__ (1)));
 
 #endif /* NBDPLUG_LAYOUT_H */

@@ -73,7 +73,7 @@ plug_init (struct plug *p, const struct plug_limits *lim,
 void
 plug_free (struct plug *p)
 {
-  plug_req_vector_reset (&p->reqs);
+  plug_piece_vector_reset (&p->reqs);
   free (p->bounds);
   free (p->held);
   p->bounds = NULL;
@@ -89,7 +89,7 @@ ranges_overlap (uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
 static bool
 seq_at_most (struct itree_node *node, void *opaque)
 {
-  const struct plug_req *h = itree_entry (node, struct plug_req, node);
+  const struct plug_piece *h = itree_entry (node, struct plug_piece, node);
 
   return h->seq <= *(const uint64_t *) opaque;
 }
@@ -99,7 +99,7 @@ seq_at_most (struct itree_node *node, void *opaque)
  * the unplug's sort (compare_reqs).
  */
 static int
-req_cmp (const struct plug_req *a, const struct plug_req *b)
+req_cmp (const struct plug_piece *a, const struct plug_piece *b)
 {
   if (a->backing != b->backing)
     return a->backing < b->backing ? -1 : 1;
@@ -121,7 +121,7 @@ first_ending_after (const struct plug *p, uint32_t backing, uint64_t offset)
 
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
-    const struct plug_req *h = p->reqs.ptr[mid];
+    const struct plug_piece *h = p->reqs.ptr[mid];
 
     if (h->backing < backing ||
         (h->backing == backing && h->offset + h->count <= offset))
@@ -153,7 +153,7 @@ plug_overlaps_seq (const struct plug *p, uint32_t backing,
                               seq_at_most, &max_seq, NULL);
   if (p->order == PLUG_IN_ORDER) {
     for (i = first_ending_after (p, backing, offset); i < p->reqs.len; ++i) {
-      const struct plug_req *h = p->reqs.ptr[i];
+      const struct plug_piece *h = p->reqs.ptr[i];
 
       if (h->backing != backing || h->offset >= offset + count)
         return false;
@@ -163,7 +163,7 @@ plug_overlaps_seq (const struct plug *p, uint32_t backing,
     return false;
   }
   for (i = 0; i < p->reqs.len; ++i) {
-    const struct plug_req *h = p->reqs.ptr[i];
+    const struct plug_piece *h = p->reqs.ptr[i];
 
     if (h->backing == backing && h->seq <= max_seq &&
         ranges_overlap (h->offset, h->count, offset, count))
@@ -176,7 +176,7 @@ plug_overlaps_seq (const struct plug *p, uint32_t backing,
  * order, or give the order up if its place is too far back.
  */
 static void
-place_last (struct plug *p, struct plug_req *r)
+place_last (struct plug *p, struct plug_piece *r)
 {
   size_t n = p->reqs.len - 1, at = n;
 
@@ -195,13 +195,13 @@ place_last (struct plug *p, struct plug_req *r)
 }
 
 int
-plug_add (struct plug *p, struct plug_req *r)
+plug_add (struct plug *p, struct plug_piece *r)
 {
   assert (r->backing < p->nr_backings);
   assert (r->count > 0);
   assert (!plug_conflicts (p, r));
 
-  if (plug_req_vector_append (&p->reqs, r) == -1)
+  if (plug_piece_vector_append (&p->reqs, r) == -1)
     return -1;
 
   if (p->reqs.len == 1) {
@@ -249,12 +249,12 @@ plug_full (const struct plug *p, enum plug_reason *reason)
 static int
 compare_reqs (const void *av, const void *bv)
 {
-  return req_cmp (*(struct plug_req *const *) av,
-                  *(struct plug_req *const *) bv);
+  return req_cmp (*(struct plug_piece *const *) av,
+                  *(struct plug_piece *const *) bv);
 }
 
 void
-plug_sort (struct plug_req **reqs, size_t n)
+plug_sort (struct plug_piece **reqs, size_t n)
 {
   if (n > 1)
     qsort (reqs, n, sizeof *reqs, compare_reqs);
@@ -262,7 +262,7 @@ plug_sort (struct plug_req **reqs, size_t n)
 
 /* Can b extend the run that currently ends with a? */
 static bool
-can_merge (const struct plug_req *a, const struct plug_req *b,
+can_merge (const struct plug_piece *a, const struct plug_piece *b,
            uint64_t run_count, size_t run_n, const struct plug_limits *lim)
 {
   if (a->backing != b->backing || a->op != b->op || a->flags != b->flags)
@@ -277,7 +277,7 @@ can_merge (const struct plug_req *a, const struct plug_req *b,
 }
 
 static struct plug_run *
-make_run (struct plug_req *const *reqs, size_t n, size_t prefix)
+make_run (struct plug_piece *const *reqs, size_t n, size_t prefix)
 {
   struct plug_run *run = plug_run_alloc (prefix, n);
   size_t i;
@@ -296,7 +296,7 @@ make_run (struct plug_req *const *reqs, size_t n, size_t prefix)
 }
 
 int
-plug_merge (struct plug_req *const *reqs, size_t n,
+plug_merge (struct plug_piece *const *reqs, size_t n,
             const struct plug_limits *lim, plug_run_vector *runs)
 {
   size_t start = 0, i, before = runs->len;

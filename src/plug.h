@@ -74,7 +74,11 @@ enum plug_reason {
 /* Name of a reason as used in statistics and debug messages. */
 extern const char *plug_reason_name (enum plug_reason r);
 
-struct plug_req {
+/* A piece: the part of one request (the engine's struct eng_op) that
+ * falls in one backing file.  What a plug holds, sorts and merges into
+ * runs.
+ */
+struct plug_piece {
   enum plug_op op;
   uint32_t flags;               /* PLUG_F_*. */
   uint32_t backing;             /* Index of the backing file. */
@@ -88,7 +92,7 @@ struct plug_req {
   struct itree_node node;       /* The plug's, while held: its index. */
 };
 
-DEFINE_VECTOR_TYPE (plug_req_vector, struct plug_req *)
+DEFINE_VECTOR_TYPE (plug_piece_vector, struct plug_piece *)
 
 /* A run: requests of one backing file and one kind that are contiguous
  * and sorted by offset, issued as one backend I/O.
@@ -101,7 +105,7 @@ struct plug_run {
   uint64_t count;               /* Sum of the members' counts. */
   size_t n;                     /* Number of members. */
   size_t prefix;                /* lim->run_prefix when it was made. */
-  struct plug_req *reqs[];      /* Borrowed: members, in offset order. */
+  struct plug_piece *reqs[];    /* Borrowed: members, in offset order. */
 };
 
 /* The owner's header in front of a run (plug_limits.run_prefix). */
@@ -121,7 +125,7 @@ static inline struct plug_run *
 plug_run_alloc (size_t prefix, size_t n)
 {
   size_t header = prefix + sizeof (struct plug_run);
-  char *mem = malloc (header + n * sizeof (struct plug_req *));
+  char *mem = malloc (header + n * sizeof (struct plug_piece *));
   struct plug_run *run;
 
   if (mem == NULL)
@@ -175,7 +179,7 @@ enum plug_order {
 struct plug {
   struct plug_limits lim;
   uint32_t nr_backings;
-  plug_req_vector reqs;         /* Held requests, in `order`. */
+  plug_piece_vector reqs;       /* Held requests, in `order`. */
   enum plug_order order;
   uint64_t bytes;               /* Write bytes held. */
   uint64_t oldest_ns;           /* arrival_ns of the first held request. */
@@ -234,7 +238,7 @@ plug_overlaps (const struct plug *p, uint32_t backing,
 
 /* Would adding r break the no-overlap invariant? */
 static inline bool
-plug_conflicts (const struct plug *p, const struct plug_req *r)
+plug_conflicts (const struct plug *p, const struct plug_piece *r)
 {
   return plug_overlaps (p, r->backing, r->offset, r->count);
 }
@@ -242,7 +246,7 @@ plug_conflicts (const struct plug *p, const struct plug_req *r)
 /* Hold r.  The caller must have checked plug_conflicts() (asserted).
  * Sets r->seq.  Returns 0, or -1 with errno ENOMEM (r is not held).
  */
-extern int plug_add (struct plug *p, struct plug_req *r)
+extern int plug_add (struct plug *p, struct plug_piece *r)
   __attribute__ ((__nonnull__ (1, 2)));
 
 /* Should the plug be unplugged now because of its own limits?
@@ -262,14 +266,14 @@ extern int plug_take_runs (struct plug *p, plug_run_vector *runs)
   __attribute__ ((__nonnull__ (1, 2)));
 
 /* Sort an array of requests by (backing, offset, seq): exposed for tests. */
-extern void plug_sort (struct plug_req **reqs, size_t n);
+extern void plug_sort (struct plug_piece **reqs, size_t n);
 
 /* Merge sorted, non-overlapping requests into runs (appended to *runs)
  * of at most lim->max_merge bytes and lim->max_iov members.  A single
  * request larger than max_merge is a run of its own.  Returns 0, or -1
  * with errno ENOMEM (runs appended so far are freed and removed).
  */
-extern int plug_merge (struct plug_req *const *reqs, size_t n,
+extern int plug_merge (struct plug_piece *const *reqs, size_t n,
                        const struct plug_limits *lim, plug_run_vector *runs)
   __attribute__ ((__nonnull__ (3, 4)));
 

@@ -145,7 +145,7 @@ uint64_t make_max_delay_ns = 60000 * MS;
 
 unsigned make_max_requests = 256;
 bool make_direct = false;
-uint64_t make_direct_min = 0;
+uint64_t make_direct_size = 0;
 void (*make_state_log) (void *opaque, const char *msg) = NULL;
 
 struct engine *
@@ -161,7 +161,7 @@ make (enum eng_mode mode, unsigned max_inflight, uint64_t max_bytes,
              .max_merge = 1 << 20, .max_iov = 1024 },
     .max_inflight = max_inflight,
     .direct = make_direct,
-    .direct_min = make_direct_min,
+    .direct_size = make_direct_size,
     .state_log = make_state_log,
     .retry = { .delay_ns = 3 * MS, .max_delay_ns = 100 * MS,
                .timeout_ns = 1000 * MS },

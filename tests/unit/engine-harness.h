@@ -35,7 +35,7 @@ struct result {
 /* A request of test-engine: at most two pieces. */
 struct req {
   struct eng_op op;
-  struct plug_req piece[2];
+  struct plug_piece piece[2];
   struct result res;
 };
 
@@ -85,7 +85,7 @@ extern unsigned long nr_answers;
 extern uint64_t make_max_delay_ns;
 extern unsigned make_max_requests;
 extern bool make_direct;
-extern uint64_t make_direct_min;       /* direct-size=, 0: off. */
+extern uint64_t make_direct_size;       /* direct-size=, 0: off. */
 /* The state log of the next engine made (NULL: none). */
 extern void (*make_state_log) (void *opaque, const char *msg);
 

@@ -61,7 +61,7 @@
 /* One op of the model: freed when its seed is over. */
 struct mop {
   struct eng_op op;
-  struct plug_req piece[MAX_PIECES];
+  struct plug_piece piece[MAX_PIECES];
   struct result res;
   bool written[MAX_PIECES];     /* The piece's run completed with 0. */
   unsigned long submitted_after; /* nr_answers when it was submitted. */
@@ -173,7 +173,7 @@ rnd (unsigned n)
 }
 
 static bool
-pieces_overlap (const struct plug_req *a, const struct plug_req *b)
+pieces_overlap (const struct plug_piece *a, const struct plug_piece *b)
 {
   return a->backing == b->backing &&
     a->offset < b->offset + b->count && b->offset < a->offset + a->count;
@@ -181,7 +181,7 @@ pieces_overlap (const struct plug_req *a, const struct plug_req *b)
 
 /* A random range of whole sectors, sometimes long, inside the file. */
 static void
-random_range (struct plug_req *p)
+random_range (struct plug_piece *p)
 {
   unsigned start = rnd (NR_SECTORS - 1);
   unsigned len = 1 + rnd (rnd (4) == 0 ? 32 : 6);
@@ -214,7 +214,7 @@ new_op (enum eng_kind kind, uint32_t flags)
    */
   n = kind == ENG_READ || rnd (4) != 0 ? 1 : 1 + rnd (MAX_PIECES);
   for (i = 0; i < n; ++i) {
-    struct plug_req *p = &q->piece[i];
+    struct plug_piece *p = &q->piece[i];
 
     random_range (p);
     for (j = 0; j < i; ++j)
@@ -353,7 +353,7 @@ model_lost (const struct mop *q, uint64_t horizon)
     return false;
   }
   for (k = 0; k < q->op.nr_pieces; ++k) {
-    const struct plug_req *p = &q->piece[k];
+    const struct plug_piece *p = &q->piece[k];
 
     for (sct = p->offset / SECTOR; sct < (p->offset + p->count) / SECTOR;
          ++sct)
@@ -593,7 +593,7 @@ complete_run (size_t i, int err)
             "with %d\n", r->backing, r->offset, r->count, err);
   if (err == 0) {
     for (k = 0; k < r->n; ++k) {
-      struct plug_req *p = r->reqs[k];
+      struct plug_piece *p = r->reqs[k];
       struct mop *q = (struct mop *) ((struct eng_op *) p->opaque);
 
       for (s = p->offset / SECTOR; s < (p->offset + p->count) / SECTOR;
@@ -614,7 +614,7 @@ complete_run (size_t i, int err)
     /* Fails for good (a merged run is split and retried instead): an
      * acknowledged piece is lost.
      */
-    struct plug_req *p = r->reqs[0];
+    struct plug_piece *p = r->reqs[0];
     struct mop *q = (struct mop *) ((struct eng_op *) p->opaque);
 
     if (q->op.state == OP_ACKED)
@@ -858,7 +858,7 @@ check_disk (void)
     if (!is_mutation (q) || q->op.seq == 0)
       continue;
     for (k = 0; k < q->op.nr_pieces; ++k) {
-      const struct plug_req *p = &q->piece[k];
+      const struct plug_piece *p = &q->piece[k];
 
       if (!q->written[k]) {
         if (q->op.err == 0 && !(q->op.flags & ENG_F_FAST))

@@ -56,7 +56,7 @@ complete_recording (int err)
     size_t k;
 
     for (k = 0; err == 0 && k < run->n; ++k) {
-      const struct plug_req *p = run->reqs[k];
+      const struct plug_piece *p = run->reqs[k];
       uint64_t b;
 
       if (p->backing != 0)

@@ -519,10 +519,10 @@ test_direct_rule_large (void)
 
   memset (&stats, 0, sizeof stats);
   make_direct = true;
-  make_direct_min = 65536;
+  make_direct_size = 65536;
   e = make (ENG_WRITEBACK, 64, 4 << 20, 2);
   make_direct = false;
-  make_direct_min = 0;
+  make_direct_size = 0;
   engine_set_direct_rule (e, 1, ENG_DIRECT_LARGE);
   c = conn ();
 

@@ -61,7 +61,7 @@ describe_runs (const plug_run_vector *runs)
     bool members_ok = run->n >= 1 && run->reqs[0]->offset == run->offset;
 
     for (j = 0; j < run->n; ++j) {
-      const struct plug_req *r = run->reqs[j];
+      const struct plug_piece *r = run->reqs[j];
 
       sum += r->count;
       if (r->op != run->op || r->flags != run->flags ||
@@ -193,11 +193,11 @@ static const struct {
     "0:Z0@0+1048576x1" },
 };
 
-static struct plug_req *
+static struct plug_piece *
 make_req (char op, uint32_t flags, uint32_t backing, uint64_t offset,
           uint64_t count)
 {
-  struct plug_req *r = calloc (1, sizeof *r);
+  struct plug_piece *r = calloc (1, sizeof *r);
 
   assert (r != NULL);
   r->op = op == 'W' ? PLUG_OP_WRITE : op == 'Z' ? PLUG_OP_ZERO :
@@ -217,7 +217,7 @@ test_fixed (void)
   for (i = 0; i < ARRAY_SIZE (fixed_cases); ++i) {
     struct plug_limits lim = big_limits;
     struct plug p;
-    struct plug_req *reqs[12];
+    struct plug_piece *reqs[12];
     plug_run_vector runs = empty_vector;
     size_t n;
     bool multi = false;
@@ -287,7 +287,7 @@ test_conflicts (void)
     { 2, 0, 1000, false, "an empty backing" },
   };
   struct plug p;
-  struct plug_req *held[3];
+  struct plug_piece *held[3];
   plug_run_vector runs = empty_vector;
   size_t i;
 
@@ -299,7 +299,7 @@ test_conflicts (void)
     assert (plug_add (&p, held[i]) == 0);
 
   for (i = 0; i < ARRAY_SIZE (cases); ++i) {
-    struct plug_req q = {
+    struct plug_piece q = {
       .op = PLUG_OP_WRITE, .backing = cases[i].backing,
       .offset = cases[i].offset, .count = cases[i].count,
     };
@@ -332,8 +332,8 @@ test_conflicts (void)
    * start again from it alone.
    */
   {
-    struct plug_req *r = make_req ('W', 0, 0, 150, 10);
-    struct plug_req *far = make_req ('W', 0, 0, 300, 10);
+    struct plug_piece *r = make_req ('W', 0, 0, 150, 10);
+    struct plug_piece *far = make_req ('W', 0, 0, 300, 10);
 
     ok (!plug_conflicts (&p, r) && plug_add (&p, r) == 0,
         "a request that conflicted before take is accepted after");
@@ -363,7 +363,7 @@ test_full (void)
 {
   struct plug_limits lim = big_limits;
   struct plug p;
-  struct plug_req *r[8];
+  struct plug_piece *r[8];
   plug_run_vector runs = empty_vector;
   enum plug_reason why;
   size_t i;
@@ -466,7 +466,7 @@ test_misc (void)
 
   /* seq is arrival order, oldest_ns the first arrival. */
   {
-    struct plug_req *r[3];
+    struct plug_piece *r[3];
     plug_run_vector runs = empty_vector;
 
     assert (plug_init (&p, &big_limits, 1) == 0);
@@ -491,11 +491,11 @@ test_misc (void)
 
   /* plug_sort orders by (backing, offset, seq). */
   {
-    struct plug_req a = { .backing = 1, .offset = 0, .seq = 0 };
-    struct plug_req b = { .backing = 0, .offset = 9, .seq = 1 };
-    struct plug_req c = { .backing = 0, .offset = 9, .seq = 0 };
-    struct plug_req d = { .backing = 0, .offset = 2, .seq = 7 };
-    struct plug_req *v[] = { &a, &b, &c, &d };
+    struct plug_piece a = { .backing = 1, .offset = 0, .seq = 0 };
+    struct plug_piece b = { .backing = 0, .offset = 9, .seq = 1 };
+    struct plug_piece c = { .backing = 0, .offset = 9, .seq = 0 };
+    struct plug_piece d = { .backing = 0, .offset = 2, .seq = 7 };
+    struct plug_piece *v[] = { &a, &b, &c, &d };
 
     plug_sort (v, 4);
     ok (v[0] == &d && v[1] == &c && v[2] == &b && v[3] == &a,
@@ -534,9 +534,9 @@ rnd_below (uint64_t n)
   return rnd () % n;
 }
 
-/* A request of the model: the plug_req plus what the test owns. */
+/* A request of the model: the plug_piece plus what the test owns. */
 struct mreq {
-  struct plug_req r;
+  struct plug_piece r;
   uint8_t *data;                /* Write data (r.buf). */
   bool applied;
 };
@@ -581,7 +581,7 @@ fail (struct model *m, const char *fmt, ...)
 }
 
 static void
-image_write (struct image *im, const struct plug_req *r, const void *buf)
+image_write (struct image *im, const struct plug_piece *r, const void *buf)
 {
   switch (r->op) {
   case PLUG_OP_WRITE:
@@ -648,7 +648,7 @@ apply_run (struct model *m, const struct plug_run *run)
     fail (m, "step %lu: run offset %" PRIu64 " but first member at %"
           PRIu64, m->steps, run->offset, run->reqs[0]->offset);
   for (j = 0; j < run->n; ++j) {
-    struct plug_req *r = run->reqs[j];
+    struct plug_piece *r = run->reqs[j];
     struct mreq *mr = r->opaque;
 
     if (r->op != run->op || r->flags != run->flags ||
@@ -683,8 +683,8 @@ apply_run (struct model *m, const struct plug_run *run)
    * copied contiguously, as the glue's iovec would be.
    */
   for (j = 0, off = run->offset; j < run->n; ++j) {
-    const struct plug_req *r = run->reqs[j];
-    struct plug_req piece = *r;
+    const struct plug_piece *r = run->reqs[j];
+    struct plug_piece piece = *r;
 
     piece.offset = off;
     image_write (&m->app, &piece, r->buf);
@@ -772,12 +772,12 @@ unplug (struct model *m, const char *when)
 
 /* The naive conflict check: scan the model's own list. */
 static bool
-naive_conflicts (const struct model *m, const struct plug_req *r)
+naive_conflicts (const struct model *m, const struct plug_piece *r)
 {
   size_t i;
 
   for (i = 0; i < m->nr_held; ++i) {
-    const struct plug_req *h = &m->held[i]->r;
+    const struct plug_piece *h = &m->held[i]->r;
 
     if (h->backing == r->backing && h->offset < r->offset + r->count &&
         r->offset < h->offset + h->count)
@@ -790,7 +790,7 @@ static struct mreq *
 random_request (struct model *m)
 {
   struct mreq *mr = calloc (1, sizeof *mr);
-  struct plug_req *r = &mr->r;
+  struct plug_piece *r = &mr->r;
   uint64_t len;
   unsigned k = rnd_below (100);
 
@@ -985,7 +985,7 @@ test_order (void)
 {
   struct plug_limits lim = big_limits;
   struct plug p;
-  struct plug_req *r[68];
+  struct plug_piece *r[68];
   plug_run_vector runs = empty_vector;
   const uint64_t B = 4096;
   bool sorted = true;
