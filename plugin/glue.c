@@ -130,8 +130,11 @@ glue_begin (struct glue_actions *a)
   a->wake = NULL;
 }
 
-void
-glue_end_locked (struct glue_actions *a)
+/* glue_end_locked's work, inlined into the completions of runs and
+ * syncs, which call it once per run.
+ */
+static inline void
+end_locked (struct glue_actions *a)
 {
   struct eng_op *op;
 
@@ -149,6 +152,12 @@ glue_end_locked (struct glue_actions *a)
   glue_kick_timer_locked ();
 }
 
+void
+glue_end_locked (struct glue_actions *a)
+{
+  end_locked (a);
+}
+
 /* Answer every waiter, each group with one wake-up, then free every
  * released op.  Once answered, a waiter's stack frame may be gone: read
  * its next first.
@@ -158,9 +167,11 @@ answer_and_release (struct glue_actions *a)
 {
   struct waiter *w, *wnext;
   struct eng_op *op, *next;
+  struct wake_batch b;          /* Only [0, b.n) of its arrays is read:
+                                 * the rest is left unset, not zeroed
+                                 * on every call. */
 
-  struct wake_batch b = { .n = 0 };
-
+  b.n = 0;
   for (w = a->wake; w != NULL; w = wnext) {
     wnext = w->next;
     wake_add (&b, w);
@@ -178,7 +189,7 @@ complete_into (struct glue_actions *a, struct eng_run *r, int err)
 {
   pthread_mutex_lock (&eng_lock);
   engine_complete (eng, r, err, now_ns (), &a->eng);
-  glue_end_locked (a);
+  end_locked (a);
   pthread_mutex_unlock (&eng_lock);
 }
 
@@ -188,7 +199,7 @@ sync_done_into (struct glue_actions *a, struct eng_sync *s, int err)
 {
   pthread_mutex_lock (&eng_lock);
   engine_sync_done (eng, s, err, now_ns (), &a->eng);
-  glue_end_locked (a);
+  end_locked (a);
   pthread_mutex_unlock (&eng_lock);
 }
 
@@ -215,6 +226,24 @@ static int
 sync_backing (struct eng_sync *s)
 {
   return backing_sync (&backings[s->backing]) == 0 ? 0 : errno;
+}
+
+/* Carry out a's syncs (take_syncs); false if none was left to this
+ * thread.  Out of line: glue_perform runs on every request, syncs only
+ * for a FLUSH.
+ */
+static bool __attribute__ ((__noinline__))
+run_syncs (struct glue_actions *a, uint32_t inline_runs)
+{
+  list_head syncs = LIST_HEAD_INIT (syncs);
+  struct eng_sync *s;
+
+  take_syncs (a, inline_runs, &syncs);
+  if (list_empty (&syncs))
+    return false;
+  while ((s = list_pop (&syncs, struct eng_sync, link)) != NULL)
+    sync_done_into (a, s, sync_backing (s));
+  return true;
 }
 
 /* Hand r to the I/O pool.  Counted first: once handed over, r may be
@@ -255,37 +284,29 @@ glue_perform (struct glue_actions *a, uint32_t inline_runs)
   list_head mine = LIST_HEAD_INIT (mine);
 
   for (;;) {
-    list_head list;
-    struct eng_run *r, *next;
+    struct eng_run *r, *last;
     const struct backing *strand = NULL;
     int err;
 
     answer_and_release (a);
-    if (!list_empty (&a->eng.sync)) {
-      list_head syncs = LIST_HEAD_INIT (syncs);
-      struct eng_sync *s;
-
-      take_syncs (a, inline_runs, &syncs);
-      if (!list_empty (&syncs)) {
-        /* The runs wait meanwhile: a FLUSH waits for the sync, and
-         * nothing waits for runs made after it.
-         */
-        while ((s = list_pop (&syncs, struct eng_sync, link)) != NULL)
-          sync_done_into (a, s, sync_backing (s));
-        continue;
-      }
-    }
+    /* The runs wait meanwhile: a FLUSH waits for the sync, and
+     * nothing waits for runs made after it.
+     */
+    if (!list_empty (&a->eng.sync) && run_syncs (a, inline_runs))
+      continue;
     if (list_empty (&a->eng.issue) && list_empty (&mine))
       return;
-    /* The runs of this round leave a's list, which the engine fills
-     * again meanwhile.  Each run is handed on (relinked by its
-     * issue_link, or completed) after the walk read its successor.
+    /* This round takes the runs on a's list now, up to `last`; what the
+     * engine adds meanwhile (complete_into) waits for the next round.
      */
-    list_init (&list);
-    list_splice_tail (&list, &a->eng.issue);
-    list_for_each_safe (r, next, &list, issue_link) {
-      const struct backing *b = &backings[r->run->backing];
+    last = list_last (&a->eng.issue, struct eng_run, issue_link);
+    do {
+      const struct backing *b;
 
+      r = list_pop (&a->eng.issue, struct eng_run, issue_link);
+      if (r == NULL)
+        break;
+      b = &backings[r->run->backing];
       if (b->remote) {
         /* Asynchronous: the remote's loop hands it back.  Done at once
          * (a trim the server cannot do, no connection, no memory):
@@ -315,7 +336,7 @@ glue_perform (struct glue_actions *a, uint32_t inline_runs)
         continue;
       /* Here too when the pool is not running (server exit). */
       list_add_tail (&mine, &r->issue_link);
-    }
+    } while (r != last);
     r = list_pop (&mine, struct eng_run, issue_link);
     if (r == NULL)
       continue;

@@ -259,6 +259,7 @@ admit_waiters (struct engine *e, struct eng_conn *c, uint64_t now,
         !make_room (e, op, now, out))
       return;
     list_del (&op->wait);
+    e->nr_mem_waiting--;
     c->nr_told_ok++;
     note_acked (e, op, now);
     /* Told "written" now, before it is: acknowledged. */
@@ -271,6 +272,7 @@ void
 refuse_waiter (struct eng_conn *c, struct eng_op *op, struct eng_actions *out)
 {
   list_del (&op->wait);
+  c->e->nr_mem_waiting--;
   op_answer (c->e, op, c->last_err ? c->last_err : ENOMEM, out);
   op_release (c->e, op, out);
 }
@@ -307,6 +309,7 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
     c->nr_waiting++;
     op->deadline_ns = eng_add_ns (now, e->cfg.retry.timeout_ns);
     list_add_tail (&c->mem_wait, &op->wait);
+    e->nr_mem_waiting++;
     deadline_earlier (e);
     conn_unplug (e, c, PLUG_UNPLUG_MEMORY, now, out);
     check_parked (e, c, now, out);

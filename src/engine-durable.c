@@ -456,16 +456,6 @@ engine_record_lost (struct engine *e, uint32_t b, uint64_t offset,
   record_lost (e, b, sp);
 }
 
-/* Mutation op (without FUA) is acknowledged with success at now: it is
- * unflushed until a FLUSH that arrives later succeeds (stats.h, "The
- * unflushed window").
- */
-void
-note_acked (struct engine *e, const struct eng_op *op, uint64_t now)
-{
-  stats_unflushed_ack (&e->unflushed, op->count, now);
-}
-
 /* Every piece of mutation op finished. */
 static void
 op_finish (struct engine *e, struct eng_op *op, uint64_t now,

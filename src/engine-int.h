@@ -244,6 +244,12 @@ struct engine {
   uint64_t unplugs_tried;       /* For cfg.inject_unplug_nomem. */
   struct stats_unflushed unflushed;     /* See stats.h. */
   uint64_t next_op_id, next_run_id;     /* For the state log. */
+  /* Of the waiters check_waiters looks for on every connection:
+   * writers on the connections' mem_wait lists, and connections with
+   * a close_op.  None (the common case): it need not walk them.
+   */
+  uint64_t nr_mem_waiting;
+  unsigned nr_closing;
 };
 
 /* ---- the state machines (engine-state.c) ----
@@ -256,23 +262,30 @@ struct engine {
  * engine (their triggers may repeat: every dispatch runs a file's
  * queue); for an op or a run it is illegal.
  */
-struct eng_machine {
-  const char *name;             /* "op", "run", ... */
-  const char *const *states;    /* Names, by state. */
-  const uint32_t *legal;        /* By from-state: bit `to` set if legal. */
+enum eng_machine {
+  ENG_M_OP, ENG_M_RUN, ENG_M_FILE, ENG_M_PACE, ENG_M_CONN, ENG_M_ENGINE,
 };
-extern const struct eng_machine eng_op_machine, eng_run_machine,
-  eng_file_machine, eng_pace_machine, eng_conn_machine, eng_engine_machine;
+
+/* The tables, by from-state: bit `to` set if legal.  Hidden: the
+ * engine is linked into the plugin, and a check on every change of
+ * state reads them without the indirection of an exported symbol.
+ */
+#define ENG_HIDDEN __attribute__ ((__visibility__ ("hidden")))
+extern const uint32_t eng_op_legal[] ENG_HIDDEN, eng_run_legal[] ENG_HIDDEN,
+  eng_file_legal[] ENG_HIDDEN, eng_pace_legal[] ENG_HIDDEN,
+  eng_conn_legal[] ENG_HIDDEN, eng_engine_legal[] ENG_HIDDEN;
 
 /* Tell cfg.state_log (set) that object id of machine m went from to. */
-extern void eng_state_report (struct engine *e, const struct eng_machine *m,
+extern void eng_state_report (struct engine *e, enum eng_machine m,
                               uint64_t id, unsigned from, unsigned to);
 
 static inline void
-eng_state_change (struct engine *e, const struct eng_machine *m,
-                  uint64_t id, unsigned from, unsigned to)
+eng_state_change (struct engine *e, enum eng_machine m,
+                  const uint32_t *legal, uint64_t id, unsigned from,
+                  unsigned to)
 {
-  assert (m->legal[from] & (1u << to));
+  assert (legal[from] & (1u << to));
+  (void) legal;
   if (e->cfg.state_log)
     eng_state_report (e, m, id, from, to);
 }
@@ -280,14 +293,14 @@ eng_state_change (struct engine *e, const struct eng_machine *m,
 static inline void
 op_set_state (struct engine *e, struct eng_op *op, enum eng_op_state to)
 {
-  eng_state_change (e, &eng_op_machine, op->id, op->state, to);
+  eng_state_change (e, ENG_M_OP, eng_op_legal, op->id, op->state, to);
   op->state = to;
 }
 
 static inline void
 run_set_state (struct engine *e, struct eng_run *r, enum eng_run_state to)
 {
-  eng_state_change (e, &eng_run_machine, r->id, r->state, to);
+  eng_state_change (e, ENG_M_RUN, eng_run_legal, r->id, r->state, to);
   r->state = to;
 }
 
@@ -296,8 +309,8 @@ file_set_state (struct engine *e, struct eng_file *f, enum file_state to)
 {
   if (f->state == to)
     return;
-  eng_state_change (e, &eng_file_machine, (uint64_t) (f - e->files),
-                    f->state, to);
+  eng_state_change (e, ENG_M_FILE, eng_file_legal,
+                    (uint64_t) (f - e->files), f->state, to);
   f->state = to;
 }
 
@@ -306,7 +319,7 @@ pace_set (struct engine *e, struct eng_conn *c, enum conn_pace to)
 {
   if (c->pace == to)
     return;
-  eng_state_change (e, &eng_pace_machine, c->id, c->pace, to);
+  eng_state_change (e, ENG_M_PACE, eng_pace_legal, c->id, c->pace, to);
   c->pace = to;
 }
 
@@ -315,7 +328,7 @@ conn_set_state (struct engine *e, struct eng_conn *c, enum conn_state to)
 {
   if (c->state == to)
     return;
-  eng_state_change (e, &eng_conn_machine, c->id, c->state, to);
+  eng_state_change (e, ENG_M_CONN, eng_conn_legal, c->id, c->state, to);
   c->state = to;
 }
 
@@ -324,7 +337,7 @@ engine_set_state (struct engine *e, enum engine_state to)
 {
   if (e->state == to)
     return;
-  eng_state_change (e, &eng_engine_machine, 0, e->state, to);
+  eng_state_change (e, ENG_M_ENGINE, eng_engine_legal, 0, e->state, to);
   e->state = to;
 }
 
@@ -570,6 +583,40 @@ flush_ready (const struct engine *e, const struct eng_op *op)
   return oldest == NULL || oldest->seq > op->horizon;
 }
 
+/* A run of one piece (the direct path, a fast zero, a failed merged run
+ * split up), with the engine's header in front as plug_merge makes
+ * them.  Returns NULL on ENOMEM.
+ */
+static inline struct eng_run *
+single_run (struct engine *e, struct plug_piece *p)
+{
+  struct plug_run *pr = plug_run_alloc (e->run_prefix, 1);
+  struct eng_run *r;
+
+  if (pr == NULL)
+    return NULL;
+  pr->op = p->op;
+  pr->flags = p->flags;
+  pr->backing = p->backing;
+  pr->offset = p->offset;
+  pr->count = p->count;
+  pr->reqs[0] = p;
+  r = run_of (pr);
+  r->run = pr;
+  run_made (e, r);
+  return r;
+}
+
+/* Mutation op (without FUA) is acknowledged with success at now: it is
+ * unflushed until a FLUSH that arrives later succeeds (stats.h, "The
+ * unflushed window").
+ */
+static inline void
+note_acked (struct engine *e, const struct eng_op *op, uint64_t now)
+{
+  stats_unflushed_ack (&e->unflushed, op->count, now);
+}
+
 /* ---- engine.c ---- */
 
 extern void __attribute__ ((__format__ (__printf__, 3, 4)))
@@ -589,7 +636,21 @@ extern void
 submit_shutdown (struct engine *e, struct eng_conn *c, struct eng_op *op,
                  uint64_t now, struct eng_actions *out);
 extern void
-check_waiters (struct engine *e, uint64_t now, struct eng_actions *out);
+answer_waiters (struct engine *e, uint64_t now, struct eng_actions *out);
+
+/* Answer the waiting ops whose condition holds now (FLUSH, read,
+ * writers waiting for memory, close, exit).  Every event asks; on most
+ * nothing waits at all.
+ */
+static inline void
+check_waiters (struct engine *e, uint64_t now, struct eng_actions *out)
+{
+  if (list_empty (&e->flush_wait) && list_empty (&e->read_wait) &&
+      e->nr_mem_waiting == 0 && e->nr_closing == 0 &&
+      e->shutdown_op == NULL)
+    return;
+  answer_waiters (e, now, out);
+}
 extern uint64_t
 plug_deadline (const struct engine *e, const struct eng_conn *c);
 
@@ -604,8 +665,6 @@ extern void
 wait_sync (struct engine *e, struct eng_op *op, uint64_t now,
            struct eng_actions *out);
 extern void
-note_acked (struct engine *e, const struct eng_op *op, uint64_t now);
-extern void
 submit_flush (struct engine *e, struct eng_conn *c, struct eng_op *op,
               uint64_t now, struct eng_actions *out);
 extern bool
@@ -617,18 +676,52 @@ submit_read (struct engine *e, struct eng_conn *c, struct eng_op *op,
 /* ---- engine-queue.c ---- */
 
 extern void
-run_dequeue (struct engine *e, struct eng_run *r);
-extern void
 count_blockers (struct engine *e, struct eng_file *f, uint64_t batch,
                 struct plug_run *const *v, size_t n);
 extern void
+queue_run (struct engine *e, uint32_t b, uint64_t now, bool force,
+           struct eng_actions *out);
+extern void
+release_blocked (struct engine *e, struct eng_file *f, struct eng_run *r);
+
+/* Issue file b's ready runs, in order, as far as its slots allow.
+ * force: also a delayed or stalled queue (a FLUSH does not make its
+ * client wait for a backoff; close and exit do not either).  Every
+ * completion asks; most find nothing queued.
+ */
+static inline void
 queue_dispatch (struct engine *e, uint32_t b, uint64_t now, bool force,
-                struct eng_actions *out);
+                struct eng_actions *out)
+{
+  if (e->files[b].nr_queued > 0)
+    queue_run (e, b, now, force, out);
+}
+
+/* Run r, done, leaves its file's queue and index; the newer runs it
+ * blocked have one blocker less (none are blocked on the direct
+ * path's way: no walk).
+ */
+static inline void
+run_dequeue (struct engine *e, struct eng_run *r)
+{
+  struct eng_file *f = &e->files[r->run->backing];
+
+  if (r->state == RUN_BLOCKED)
+    f->nr_blocked--;
+  if (f->nr_blocked > 0)
+    release_blocked (e, f, r);
+  itree_remove (&f->index, &r->node);
+  if (r->state == RUN_READY)
+    list_del (&r->ready_link);
+  list_del (&r->qlink);
+  if (r->state != RUN_INFLIGHT)
+    f->nr_queued--;
+  r->conn->nr_runs--;
+  run_set_state (e, r, RUN_DONE);
+}
 extern void
 dispatch_all (struct engine *e, uint64_t now, bool force,
               struct eng_actions *out);
-extern struct eng_run *
-single_run (struct engine *e, struct plug_piece *p);
 extern int
 split_run (struct engine *e, struct eng_file *f, struct eng_run *r);
 extern void

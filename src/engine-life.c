@@ -79,8 +79,10 @@ submit_close (struct engine *e, struct eng_conn *c, struct eng_op *op,
   c->nr_waiting++;
   op_set_state (e, op, OP_WAITING);
   c->close_op = op;
+  e->nr_closing++;
   /* No worker is left to wait for memory. */
   while ((w = list_pop (&c->mem_wait, struct eng_op, wait)) != NULL) {
+    e->nr_mem_waiting--;
     op_answer (e, w, ESHUTDOWN, out);
     op_release (e, w, out);
   }
@@ -136,11 +138,36 @@ conn_settled (const struct eng_conn *c)
   return c->nr_unfinished == 0 && list_empty (&c->mem_wait);
 }
 
+/* The counts check_waiters trusts to skip the walk agree with the
+ * lists (asserted whenever it walks them).
+ */
+static void
+assert_wait_counts (const struct engine *e)
+{
+#ifndef NDEBUG
+  const struct eng_conn *c;
+  const struct eng_op *op;
+  uint64_t nr_mem = 0;
+  unsigned nr_closing = 0;
+
+  list_for_each (c, &e->conns, link) {
+    list_for_each (op, &c->mem_wait, wait)
+      nr_mem++;
+    nr_closing += c->close_op != NULL;
+  }
+  assert (nr_mem == e->nr_mem_waiting && nr_closing == e->nr_closing);
+#else
+  (void) e;
+#endif
+}
+
 void
-check_waiters (struct engine *e, uint64_t now, struct eng_actions *out)
+answer_waiters (struct engine *e, uint64_t now, struct eng_actions *out)
 {
   struct eng_op *op, *next;
   struct eng_conn *c, *cnext;
+
+  assert_wait_counts (e);
 
   while ((op = wait_first (&e->flush_wait)) != NULL && flush_ready (e, op)) {
     list_del (&op->wait);
@@ -158,6 +185,7 @@ check_waiters (struct engine *e, uint64_t now, struct eng_actions *out)
     if (c->close_op && conn_settled (c)) {
       op = c->close_op;
       c->close_op = NULL;
+      e->nr_closing--;
       log_suppressed (e);
       op_answer (e, op, 0, out);
       op_release (e, op, out);

@@ -45,29 +45,6 @@
 
 static void
 ready_remove (struct eng_file *f, struct eng_run *r);
-static void
-release_blocked (struct engine *e, struct eng_file *f, struct eng_run *r);
-
-/* Run r, done, leaves its file's queue and index; the newer runs it
- * blocked have one blocker less.
- */
-void
-run_dequeue (struct engine *e, struct eng_run *r)
-{
-  struct eng_file *f = &e->files[r->run->backing];
-
-  if (r->state == RUN_BLOCKED)
-    f->nr_blocked--;
-  release_blocked (e, f, r);
-  itree_remove (&f->index, &r->node);
-  if (r->state == RUN_READY)
-    ready_remove (f, r);
-  list_del (&r->qlink);
-  if (r->state != RUN_INFLIGHT)
-    f->nr_queued--;
-  r->conn->nr_runs--;
-  run_set_state (e, r, RUN_DONE);
-}
 
 static void
 ready_append (struct engine *e, struct eng_file *f, struct eng_run *r)
@@ -152,15 +129,14 @@ walk_overlapping (struct engine *e, struct eng_file *f, struct eng_run *r,
 }
 
 /* r finishes: every newer run that overlapped it has one blocker
- * less.  With no run blocked (the direct path's case), nobody.
+ * less.  Called only with runs blocked (run_dequeue).
  */
-static void
+void
 release_blocked (struct engine *e, struct eng_file *f, struct eng_run *r)
 {
   struct order_walk w = { .pieces = NULL };
 
-  if (f->nr_blocked > 0)
-    walk_overlapping (e, f, r, release_one_newer, &w);
+  walk_overlapping (e, f, r, release_one_newer, &w);
 }
 
 /* The n runs v[] of one unplug (batch), just queued to file f, count
@@ -193,19 +169,14 @@ run_issue (struct engine *e, struct eng_file *f, struct eng_run *r,
   run_start (e, f, r, now, out);
 }
 
-/* Issue file b's ready runs, in order, as far as its slots allow.
- * force: also a delayed or stalled queue (a FLUSH does not make its
- * client wait for a backoff; close and exit do not either).
- */
+/* queue_dispatch with something queued. */
 void
-queue_dispatch (struct engine *e, uint32_t b, uint64_t now, bool force,
-                struct eng_actions *out)
+queue_run (struct engine *e, uint32_t b, uint64_t now, bool force,
+           struct eng_actions *out)
 {
   struct eng_file *f = &e->files[b];
   struct eng_run *r;
 
-  if (f->nr_queued == 0)
-    return;
   if (f->state == FILE_DELAYED && !force && now < f->delay_until)
     return;
   if (f->state == FILE_STALLED && !force)
@@ -229,30 +200,6 @@ dispatch_all (struct engine *e, uint64_t now, bool force,
 
   for (b = 0; b < e->cfg.nr_backings; ++b)
     queue_dispatch (e, b, now, force, out);
-}
-
-/* A run of one piece (the direct path, a fast zero, a failed merged run
- * split up), with the engine's header in front as plug_merge makes
- * them.  Returns NULL on ENOMEM.
- */
-struct eng_run *
-single_run (struct engine *e, struct plug_piece *p)
-{
-  struct plug_run *pr = plug_run_alloc (e->run_prefix, 1);
-  struct eng_run *r;
-
-  if (pr == NULL)
-    return NULL;
-  pr->op = p->op;
-  pr->flags = p->flags;
-  pr->backing = p->backing;
-  pr->offset = p->offset;
-  pr->count = p->count;
-  pr->reqs[0] = p;
-  r = run_of (pr);
-  r->run = pr;
-  run_made (e, r);
-  return r;
 }
 
 /* q waited for the failed run w->r, which is about to be replaced by

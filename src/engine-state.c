@@ -31,7 +31,7 @@ static const char *const op_states[] = {
   [OP_FINISHED] = "FINISHED",
 };
 
-static const uint32_t op_legal[] = {
+const uint32_t eng_op_legal[] = {
   /* A writeback write is acknowledged, waits for memory, or (past
    * max-bytes with nothing to wait for) is admitted; a mutation whose
    * client waits is admitted; FLUSH, read, close and exit wait, or in
@@ -52,14 +52,13 @@ static const uint32_t op_legal[] = {
   [OP_FINISHED] = 0,
 };
 
-const struct eng_machine eng_op_machine = { "op", op_states, op_legal };
 
 bool
 eng_op_transition_legal (enum eng_op_state from, enum eng_op_state to)
 {
   if ((unsigned) from >= ENG_OP_NR_STATES || (unsigned) to >= ENG_OP_NR_STATES)
     return false;
-  return op_legal[from] & TO (to);
+  return eng_op_legal[from] & TO (to);
 }
 
 const char *
@@ -78,7 +77,7 @@ static const char *const run_states[] = {
   [RUN_DONE] = "DONE",
 };
 
-static const uint32_t run_legal[] = {
+const uint32_t eng_run_legal[] = {
   /* Queued by an unplug or the direct path; a split's piece goes out
    * again first.
    */
@@ -93,7 +92,6 @@ static const uint32_t run_legal[] = {
   [RUN_DONE] = 0,
 };
 
-const struct eng_machine eng_run_machine = { "run", run_states, run_legal };
 
 /* ---- file queue (engine-int.h, enum file_state) ---- */
 
@@ -103,7 +101,7 @@ static const char *const file_states[] = {
   [FILE_STALLED] = "STALLED",
 };
 
-static const uint32_t file_legal[] = {
+const uint32_t eng_file_legal[] = {
   /* "Not now" with nothing in flight delays, with runs in flight
    * stalls.
    */
@@ -118,9 +116,6 @@ static const uint32_t file_legal[] = {
   [FILE_STALLED] = TO (FILE_RUNNING) | TO (FILE_DELAYED),
 };
 
-const struct eng_machine eng_file_machine = {
-  "file", file_states, file_legal
-};
 
 /* ---- pace (engine-int.h, enum conn_pace) ---- */
 
@@ -130,15 +125,12 @@ static const char *const pace_states[] = {
   [PACE_BUSY] = "BUSY",
 };
 
-static const uint32_t pace_legal[] = {
+const uint32_t eng_pace_legal[] = {
   [PACE_PLUG] = TO (PACE_BUSY) | TO (PACE_PASSTHROUGH),
   [PACE_PASSTHROUGH] = TO (PACE_PLUG),
   [PACE_BUSY] = TO (PACE_PLUG) | TO (PACE_PASSTHROUGH),
 };
 
-const struct eng_machine eng_pace_machine = {
-  "pace", pace_states, pace_legal
-};
 
 /* ---- connection and engine ---- */
 
@@ -147,36 +139,43 @@ static const char *const conn_states[] = {
   [CONN_CLOSING] = "CLOSING",
 };
 
-static const uint32_t conn_legal[] = {
+const uint32_t eng_conn_legal[] = {
   [CONN_OPEN] = TO (CONN_CLOSING),
   [CONN_CLOSING] = 0,
 };
 
-const struct eng_machine eng_conn_machine = {
-  "conn", conn_states, conn_legal
-};
 
 static const char *const engine_states[] = {
   [ENGINE_RUNNING] = "RUNNING",
   [ENGINE_SHUTTING_DOWN] = "SHUTTING_DOWN",
 };
 
-static const uint32_t engine_legal[] = {
+const uint32_t eng_engine_legal[] = {
   [ENGINE_RUNNING] = TO (ENGINE_SHUTTING_DOWN),
   [ENGINE_SHUTTING_DOWN] = 0,
 };
 
-const struct eng_machine eng_engine_machine = {
-  "engine", engine_states, engine_legal
+
+static const struct {
+  const char *name;
+  const char *const *states;
+} machines[] = {
+  [ENG_M_OP] = { "op", op_states },
+  [ENG_M_RUN] = { "run", run_states },
+  [ENG_M_FILE] = { "file", file_states },
+  [ENG_M_PACE] = { "pace", pace_states },
+  [ENG_M_CONN] = { "conn", conn_states },
+  [ENG_M_ENGINE] = { "engine", engine_states },
 };
 
 void
-eng_state_report (struct engine *e, const struct eng_machine *m,
-                  uint64_t id, unsigned from, unsigned to)
+eng_state_report (struct engine *e, enum eng_machine m, uint64_t id,
+                  unsigned from, unsigned to)
 {
   char msg[96];
 
   snprintf (msg, sizeof msg, "%s %" PRIu64 ": %s -> %s",
-            m->name, id, m->states[from], m->states[to]);
+            machines[m].name, id, machines[m].states[from],
+            machines[m].states[to]);
   e->cfg.state_log (e->cfg.log_opaque, msg);
 }
