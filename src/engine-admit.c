@@ -190,21 +190,7 @@ check_parked (struct engine *e, struct eng_conn *c, uint64_t now,
 {
   if (!plug_is_empty (&c->plug) && c->nr_workers > 0 &&
       c->nr_waiting >= c->nr_workers && c->nr_runs == 0) {
-    if (e->cfg.mode == ENG_HOLD && c->pace == PACE_PLUG &&
-        c->drained_ns > 0) {
-      /* The whole client queue waited for the backend, then the
-       * backend waited for the whole client queue.
-       */
-      uint64_t client_ns = now - c->drained_ns;
-
-      c->pace_streak = client_ns / BUSY_RATIO > c->last_svc_ns ?
-        c->pace_streak + 1 : 0;
-      if (c->pace_streak >= BUSY_STREAK) {
-        pace_set (e, c, PACE_BUSY);
-        c->last_gathered = 0;
-        c->pace_streak = 0;
-      }
-    }
+    pace_parked (e, c, now);
     conn_unplug (e, c, PLUG_UNPLUG_PARKED, now, out);
   }
 }
@@ -328,9 +314,7 @@ submit_mutation (struct engine *e, struct eng_conn *c, struct eng_op *op,
   }
   else {
     c->nr_waiting++;
-    if (c->pace == PACE_PASSTHROUGH && c->nr_waiting > 1)
-      pace_set (e, c, PACE_PLUG);       /* The client has concurrency
-                                         * again. */
+    pace_concurrent (e, c);
   }
   admit (e, c, op, wb ? OP_ACKED : OP_ADMITTED, now, out);
   check_parked (e, c, now, out);

@@ -37,11 +37,6 @@
  */
 #define NR_RECENT 16
 
-/* Hold mode: timer unplugs of a single request in a row, with nobody
- * else waiting, before the connection stops waiting for idle=.
- */
-#define LONE_STREAK 2
-
 /* A range of a backing file and the sequence numbers of the mutations
  * that last wrote it, [seq_lo, seq_hi]: an entry of a file's record of
  * lost data, or of its set of ranges written since a sync.
@@ -157,24 +152,6 @@ enum conn_pace {
                                  * only while the backend is busy, like
                                  * the kernel's queue of a busy device). */
 };
-
-/* PACE_PLUG -> PACE_BUSY: a parked unplug found the client took more
- * than BUSY_RATIO times the backend's time to bring its next batch, or
- * a timer (idle=, or max-delay= where that is the shorter) had to
- * unplug with nothing of the connection in flight, BUSY_STREAK times in
- * a row.  PACE_BUSY -> PACE_PLUG: the
- * completions of the connection's last run found at least PLUG_GATHER
- * requests held meanwhile on average over the last BUSY_STREAK (2) that
- * found any, and together as many as the connection has workers.  With
- * one run in flight at a time, two batches in a row are the client's
- * whole queue: it alternates large and small (15, 1, 15, 1 of 16), so
- * an average and not a streak of large ones; and a queue shorter than
- * the workers never fires the parked trigger, so holding would only
- * wait for idle=.
- */
-#define BUSY_RATIO 4
-#define PLUG_GATHER 4
-#define BUSY_STREAK 2
 
 struct eng_conn {
   struct engine *e;
@@ -763,7 +740,11 @@ issue_alone (struct engine *e, struct eng_conn *c, struct eng_op *op,
 /* ---- engine-pace.c ---- */
 
 extern void
-pace_idle (struct eng_conn *c);
+pace_parked (struct engine *e, struct eng_conn *c, uint64_t now);
+extern void
+pace_timer (struct engine *e, struct eng_conn *c);
+extern void
+pace_concurrent (struct engine *e, struct eng_conn *c);
 extern void
 pace_drained (struct engine *e, struct eng_conn *c, uint64_t now,
               struct eng_actions *out);

@@ -328,17 +328,7 @@ engine_tick (struct engine *e, uint64_t now, struct eng_actions *out)
     if (!plug_is_empty (&c->plug) && now >= plug_deadline (e, c)) {
       bool aged = now >= eng_add_ns (c->plug.oldest_ns, e->cfg.max_delay_ns);
 
-      /* Hold mode: a timer had to release a lone held request while
-       * nothing else of the client waited: see enum conn_pace.
-       */
-      if (e->cfg.mode == ENG_HOLD) {
-        c->lone_streak = c->plug.reqs.len == 1 && c->nr_waiting <= 1 ?
-          c->lone_streak + 1 : 0;
-        if (c->lone_streak >= LONE_STREAK)
-          pace_set (e, c, PACE_PASSTHROUGH);
-        else if (c->pace == PACE_PLUG)
-          pace_idle (c);
-      }
+      pace_timer (e, c);
       conn_unplug (e, c, aged ? PLUG_UNPLUG_MAX_DELAY : PLUG_UNPLUG_IDLE,
                    now, out);
     }
