@@ -4,14 +4,15 @@
 
 /* engine-int.h: what the engine's rooms share (private to src/engine*.c).
  *
- * engine.c    the entry points: engine_submit, engine_complete,
- *             engine_tick and the accessors.
+ * engine.c         the entry points: engine_submit, engine_complete,
+ *                  engine_tick and the accessors.
  * engine-admit.c   admission and plugging.
  * engine-queue.c   the per-file dispatch queues.
  * engine-durable.c THE RECORD, syncs, FLUSH and read horizons.
  * engine-direct.c  the direct path.
  * engine-pace.c    hold mode's pacing.
  * engine-life.c    connections, close, exit, waiting ops, deadlines.
+ * engine-state.c   the state machines' tables and their log.
  */
 #ifndef NBDPLUG_ENGINE_INT_H
 #define NBDPLUG_ENGINE_INT_H
@@ -262,7 +263,6 @@ eng_state_change (struct engine *e, enum eng_machine m,
                   unsigned to)
 {
   assert (legal[from] & (1u << to));
-  (void) legal;
   if (e->cfg.state_log)
     eng_state_report (e, m, id, from, to);
 }

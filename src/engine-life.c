@@ -63,7 +63,6 @@ engine_conn_free (struct engine *e, struct eng_conn *c)
 {
   assert (c->nr_unfinished == 0 && c->nr_runs == 0 &&
           list_empty (&c->mem_wait) && plug_is_empty (&c->plug));
-  (void) e;
   list_del (&c->link);
   plug_free (&c->plug);
   free (c);

@@ -70,7 +70,6 @@ static void
 ready_remove (struct eng_file *f, struct eng_run *r)
 {
   assert (r->state == RUN_READY);
-  (void) f;
   list_del (&r->ready_link);
 }
 
