@@ -630,6 +630,9 @@ check_waiters (struct engine *e, uint64_t now, struct eng_actions *out)
 }
 extern uint64_t
 plug_deadline (const struct engine *e, const struct eng_conn *c);
+extern void
+conn_tick (struct engine *e, struct eng_conn *c, uint64_t now,
+           struct eng_actions *out);
 
 /* ---- engine-durable.c ---- */
 
@@ -701,6 +704,9 @@ dispatch_all (struct engine *e, uint64_t now, bool force,
               struct eng_actions *out);
 extern int
 split_run (struct engine *e, struct eng_file *f, struct eng_run *r);
+extern void
+queue_tick (struct engine *e, uint32_t b, uint64_t now,
+            struct eng_actions *out);
 extern void
 not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
          uint64_t now, struct eng_actions *out);

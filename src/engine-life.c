@@ -217,3 +217,24 @@ plug_deadline (const struct engine *e, const struct eng_conn *c)
     d = MIN (d, eng_add_ns (c->last_activity_ns, e->cfg.idle_ns));
   return d;
 }
+
+/* Time passed for c: its plug's deadline (idle=, max-delay=, or the
+ * retry of an unplug that ran out of memory), and its writers' waits
+ * for memory (requeue-timeout).
+ */
+void
+conn_tick (struct engine *e, struct eng_conn *c, uint64_t now,
+           struct eng_actions *out)
+{
+  struct eng_op *op;
+
+  if (!plug_is_empty (&c->plug) && now >= plug_deadline (e, c)) {
+    bool aged = now >= eng_add_ns (c->plug.oldest_ns, e->cfg.max_delay_ns);
+
+    pace_timer (e, c);
+    conn_unplug (e, c, aged ? PLUG_UNPLUG_MAX_DELAY : PLUG_UNPLUG_IDLE,
+                 now, out);
+  }
+  while ((op = wait_first (&c->mem_wait)) != NULL && now >= op->deadline_ns)
+    refuse_waiter (c, op, out);
+}

@@ -317,3 +317,20 @@ not_now (struct engine *e, struct eng_file *f, struct eng_run *r,
   f->delay_until = MIN (eng_add_ns (now, delay), deadline);
   deadline_earlier (e);
 }
+
+/* Time passed for file b: a delayed queue runs again at delay_until
+ * (blk_mq_delay_run_hw_queue's timer).
+ */
+void
+queue_tick (struct engine *e, uint32_t b, uint64_t now,
+            struct eng_actions *out)
+{
+  struct eng_file *f = &e->files[b];
+
+  if (f->state == FILE_DELAYED && f->nr_queued > 0 &&
+      now >= f->delay_until) {
+    STATS_ADD (list_first (&f->queue, struct eng_run, qlink)->conn->stats->
+               timer_fired, 1);
+    queue_dispatch (e, b, now, false, out);
+  }
+}

@@ -322,29 +322,10 @@ engine_tick (struct engine *e, uint64_t now, struct eng_actions *out)
   struct eng_conn *c;
   uint32_t b;
 
-  list_for_each (c, &e->conns, link) {
-    struct eng_op *op;
-
-    if (!plug_is_empty (&c->plug) && now >= plug_deadline (e, c)) {
-      bool aged = now >= eng_add_ns (c->plug.oldest_ns, e->cfg.max_delay_ns);
-
-      pace_timer (e, c);
-      conn_unplug (e, c, aged ? PLUG_UNPLUG_MAX_DELAY : PLUG_UNPLUG_IDLE,
-                   now, out);
-    }
-    while ((op = wait_first (&c->mem_wait)) != NULL && now >= op->deadline_ns)
-      refuse_waiter (c, op, out);
-  }
-  for (b = 0; b < e->cfg.nr_backings; ++b) {
-    struct eng_file *f = &e->files[b];
-
-    if (f->state == FILE_DELAYED && f->nr_queued > 0 &&
-        now >= f->delay_until) {
-      STATS_ADD (list_first (&f->queue, struct eng_run, qlink)->conn->stats->
-                 timer_fired, 1);
-      queue_dispatch (e, b, now, false, out);
-    }
-  }
+  list_for_each (c, &e->conns, link)
+    conn_tick (e, c, now, out);
+  for (b = 0; b < e->cfg.nr_backings; ++b)
+    queue_tick (e, b, now, out);
   check_waiters (e, now, out);
 }
 
