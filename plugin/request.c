@@ -163,7 +163,7 @@ request_recycle_locked (struct eng_actions *a)
         class_size (r->cls) <= cfg.lim.max_bytes) {
       __atomic_add_fetch (&kept_bytes, class_size (r->cls),
                           __ATOMIC_RELAXED);
-      list_del (&op->release_link);
+      list_unlink (&op->release_link);
       cache[r->cls][cache_len[r->cls]++] = r;
     }
   }

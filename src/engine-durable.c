@@ -463,7 +463,7 @@ op_finish (struct engine *e, struct eng_op *op, uint64_t now,
 {
   struct eng_conn *c = op->conn, *o;
 
-  list_del (&op->unf);
+  list_unlink (&op->unf);
   c->nr_unfinished--;
   c->bytes -= op->bytes;
   e->bytes -= op->bytes;

@@ -187,6 +187,13 @@ struct eng_conn {
   unsigned recent_pos;
 };
 
+/* The state machines (see "the state machines" below). */
+enum eng_machine {
+  ENG_M_OP, ENG_M_RUN, ENG_M_FILE, ENG_M_PACE, ENG_M_CONN, ENG_M_ENGINE,
+  ENG_NR_MACHINES
+};
+#define ENG_MAX_STATES 8
+
 enum engine_state {
   ENGINE_RUNNING,
   ENGINE_SHUTTING_DOWN,         /* ENG_SHUTDOWN submitted. */
@@ -228,6 +235,11 @@ struct engine {
    */
   uint64_t nr_mem_waiting;
   unsigned nr_closing;
+  /* Each machine's table of legal transitions (engine-state.c) when
+   * nobody listens to the state log, and none when somebody does
+   * (eng_state_init): see eng_state_change.
+   */
+  uint32_t quiet_legal[ENG_NR_MACHINES][ENG_MAX_STATES];
 };
 
 /* ---- the state machines (engine-state.c) ----
@@ -240,44 +252,39 @@ struct engine {
  * engine (their triggers may repeat: every dispatch runs a file's
  * queue); for an op or a run it is illegal.
  */
-enum eng_machine {
-  ENG_M_OP, ENG_M_RUN, ENG_M_FILE, ENG_M_PACE, ENG_M_CONN, ENG_M_ENGINE,
-};
 
-/* The tables, by from-state: bit `to` set if legal.  Hidden: the
- * engine is linked into the plugin, and a check on every change of
- * state reads them without the indirection of an exported symbol.
+/* Fill e->quiet_legal (engine_new, once cfg is set). */
+extern void eng_state_init (struct engine *e);
+
+/* A change e->quiet_legal does not let through: asserted against the
+ * machine's table, and told to cfg.state_log if set.
  */
-#define ENG_HIDDEN __attribute__ ((__visibility__ ("hidden")))
-extern const uint32_t eng_op_legal[] ENG_HIDDEN, eng_run_legal[] ENG_HIDDEN,
-  eng_file_legal[] ENG_HIDDEN, eng_pace_legal[] ENG_HIDDEN,
-  eng_conn_legal[] ENG_HIDDEN, eng_engine_legal[] ENG_HIDDEN;
+extern void eng_state_slow (struct engine *e, enum eng_machine m,
+                            uint64_t id, unsigned from, unsigned to);
 
-/* Tell cfg.state_log (set) that object id of machine m went from to. */
-extern void eng_state_report (struct engine *e, enum eng_machine m,
-                              uint64_t id, unsigned from, unsigned to);
-
+/* A legal change that nobody listens to costs one test of
+ * e->quiet_legal: every request makes half a dozen.  Any other one
+ * (illegal, or logged) goes out of line.
+ */
 static inline void
-eng_state_change (struct engine *e, enum eng_machine m,
-                  const uint32_t *legal, uint64_t id, unsigned from,
-                  unsigned to)
+eng_state_change (struct engine *e, enum eng_machine m, uint64_t id,
+                  unsigned from, unsigned to)
 {
-  assert (legal[from] & (1u << to));
-  if (e->cfg.state_log)
-    eng_state_report (e, m, id, from, to);
+  if (__builtin_expect (!(e->quiet_legal[m][from] & (1u << to)), 0))
+    eng_state_slow (e, m, id, from, to);
 }
 
 static inline void
 op_set_state (struct engine *e, struct eng_op *op, enum eng_op_state to)
 {
-  eng_state_change (e, ENG_M_OP, eng_op_legal, op->id, op->state, to);
+  eng_state_change (e, ENG_M_OP, op->id, op->state, to);
   op->state = to;
 }
 
 static inline void
 run_set_state (struct engine *e, struct eng_run *r, enum eng_run_state to)
 {
-  eng_state_change (e, ENG_M_RUN, eng_run_legal, r->id, r->state, to);
+  eng_state_change (e, ENG_M_RUN, r->id, r->state, to);
   r->state = to;
 }
 
@@ -286,8 +293,8 @@ file_set_state (struct engine *e, struct eng_file *f, enum file_state to)
 {
   if (f->state == to)
     return;
-  eng_state_change (e, ENG_M_FILE, eng_file_legal,
-                    (uint64_t) (f - e->files), f->state, to);
+  eng_state_change (e, ENG_M_FILE, (uint64_t) (f - e->files), f->state,
+                    to);
   f->state = to;
 }
 
@@ -296,7 +303,7 @@ pace_set (struct engine *e, struct eng_conn *c, enum conn_pace to)
 {
   if (c->pace == to)
     return;
-  eng_state_change (e, ENG_M_PACE, eng_pace_legal, c->id, c->pace, to);
+  eng_state_change (e, ENG_M_PACE, c->id, c->pace, to);
   c->pace = to;
 }
 
@@ -305,7 +312,7 @@ conn_set_state (struct engine *e, struct eng_conn *c, enum conn_state to)
 {
   if (c->state == to)
     return;
-  eng_state_change (e, ENG_M_CONN, eng_conn_legal, c->id, c->state, to);
+  eng_state_change (e, ENG_M_CONN, c->id, c->state, to);
   c->state = to;
 }
 
@@ -314,7 +321,7 @@ engine_set_state (struct engine *e, enum engine_state to)
 {
   if (e->state == to)
     return;
-  eng_state_change (e, ENG_M_ENGINE, eng_engine_legal, 0, e->state, to);
+  eng_state_change (e, ENG_M_ENGINE, 0, e->state, to);
   e->state = to;
 }
 
@@ -692,8 +699,8 @@ run_dequeue (struct engine *e, struct eng_run *r)
     release_blocked (e, f, r);
   itree_remove (&f->index, &r->node);
   if (r->state == RUN_READY)
-    list_del (&r->ready_link);
-  list_del (&r->qlink);
+    list_unlink (&r->ready_link);
+  list_unlink (&r->qlink);
   if (r->state != RUN_INFLIGHT)
     f->nr_queued--;
   r->conn->nr_runs--;

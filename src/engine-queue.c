@@ -70,7 +70,7 @@ static void
 ready_remove (struct eng_file *f, struct eng_run *r)
 {
   assert (r->state == RUN_READY);
-  list_del (&r->ready_link);
+  list_unlink (&r->ready_link);
 }
 
 /* q (blocked) now waits for n older runs; at 0 it is free to go. */

@@ -9,6 +9,7 @@
 
 #include <config.h>
 
+#include <assert.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -31,7 +32,7 @@ static const char *const op_states[] = {
   [OP_FINISHED] = "FINISHED",
 };
 
-const uint32_t eng_op_legal[] = {
+static const uint32_t op_legal[ENG_MAX_STATES] = {
   /* A writeback write is acknowledged, waits for memory, or (past
    * max-bytes with nothing to wait for) is admitted; a mutation whose
    * client waits is admitted; FLUSH, read, close and exit wait, or in
@@ -58,7 +59,7 @@ eng_op_transition_legal (enum eng_op_state from, enum eng_op_state to)
 {
   if ((unsigned) from >= ENG_OP_NR_STATES || (unsigned) to >= ENG_OP_NR_STATES)
     return false;
-  return eng_op_legal[from] & TO (to);
+  return op_legal[from] & TO (to);
 }
 
 const char *
@@ -77,7 +78,7 @@ static const char *const run_states[] = {
   [RUN_DONE] = "DONE",
 };
 
-const uint32_t eng_run_legal[] = {
+static const uint32_t run_legal[ENG_MAX_STATES] = {
   /* Queued by an unplug or the direct path; a split's piece goes out
    * again first.
    */
@@ -101,7 +102,7 @@ static const char *const file_states[] = {
   [FILE_STALLED] = "STALLED",
 };
 
-const uint32_t eng_file_legal[] = {
+static const uint32_t file_legal[ENG_MAX_STATES] = {
   /* "Not now" with nothing in flight delays, with runs in flight
    * stalls.
    */
@@ -125,7 +126,7 @@ static const char *const pace_states[] = {
   [PACE_BUSY] = "BUSY",
 };
 
-const uint32_t eng_pace_legal[] = {
+static const uint32_t pace_legal[ENG_MAX_STATES] = {
   [PACE_PLUG] = TO (PACE_BUSY) | TO (PACE_PASSTHROUGH),
   [PACE_PASSTHROUGH] = TO (PACE_PLUG),
   [PACE_BUSY] = TO (PACE_PLUG) | TO (PACE_PASSTHROUGH),
@@ -139,7 +140,7 @@ static const char *const conn_states[] = {
   [CONN_CLOSING] = "CLOSING",
 };
 
-const uint32_t eng_conn_legal[] = {
+static const uint32_t conn_legal[ENG_MAX_STATES] = {
   [CONN_OPEN] = TO (CONN_CLOSING),
   [CONN_CLOSING] = 0,
 };
@@ -150,7 +151,7 @@ static const char *const engine_states[] = {
   [ENGINE_SHUTTING_DOWN] = "SHUTTING_DOWN",
 };
 
-const uint32_t eng_engine_legal[] = {
+static const uint32_t engine_legal[ENG_MAX_STATES] = {
   [ENGINE_RUNNING] = TO (ENGINE_SHUTTING_DOWN),
   [ENGINE_SHUTTING_DOWN] = 0,
 };
@@ -159,21 +160,41 @@ const uint32_t eng_engine_legal[] = {
 static const struct {
   const char *name;
   const char *const *states;
+  const uint32_t *legal;
+  unsigned nr_states;
 } machines[] = {
-  [ENG_M_OP] = { "op", op_states },
-  [ENG_M_RUN] = { "run", run_states },
-  [ENG_M_FILE] = { "file", file_states },
-  [ENG_M_PACE] = { "pace", pace_states },
-  [ENG_M_CONN] = { "conn", conn_states },
-  [ENG_M_ENGINE] = { "engine", engine_states },
+  [ENG_M_OP] = { "op", op_states, op_legal, ENG_OP_NR_STATES },
+  [ENG_M_RUN] = { "run", run_states, run_legal, RUN_DONE + 1 },
+  [ENG_M_FILE] = { "file", file_states, file_legal, FILE_STALLED + 1 },
+  [ENG_M_PACE] = { "pace", pace_states, pace_legal, PACE_BUSY + 1 },
+  [ENG_M_CONN] = { "conn", conn_states, conn_legal, CONN_CLOSING + 1 },
+  [ENG_M_ENGINE] = { "engine", engine_states, engine_legal,
+                     ENGINE_SHUTTING_DOWN + 1 },
 };
 
 void
-eng_state_report (struct engine *e, enum eng_machine m, uint64_t id,
-                  unsigned from, unsigned to)
+eng_state_init (struct engine *e)
+{
+  unsigned m, s;
+
+  for (m = 0; m < ENG_NR_MACHINES; ++m) {
+    assert (machines[m].nr_states <= ENG_MAX_STATES);
+    for (s = 0; s < ENG_MAX_STATES; ++s)
+      e->quiet_legal[m][s] = e->cfg.state_log == NULL &&
+        s < machines[m].nr_states ? machines[m].legal[s] : 0;
+  }
+}
+
+void
+eng_state_slow (struct engine *e, enum eng_machine m, uint64_t id,
+                unsigned from, unsigned to)
 {
   char msg[96];
 
+  assert (from < machines[m].nr_states && to < machines[m].nr_states &&
+          (machines[m].legal[from] & TO (to)));
+  if (e->cfg.state_log == NULL)
+    return;
   snprintf (msg, sizeof msg, "%s %" PRIu64 ": %s -> %s",
             machines[m].name, id, machines[m].states[from],
             machines[m].states[to]);

@@ -122,6 +122,7 @@ engine_new (const struct eng_config *cfg)
     return NULL;
   }
   e->cfg = *cfg;
+  eng_state_init (e);
   list_init (&e->conns);
   list_init (&e->unfinished);
   list_init (&e->flush_wait);
@@ -217,13 +218,9 @@ engine_submit (struct engine *e, struct eng_conn *c, struct eng_op *op,
   op->acked = false;
   op->err = 0;
   op->conn = c;
-  /* The caller's op may come from calloc or a cache: its links are
-   * made here, unlinked.
+  /* The op's links are set when it goes on a list: the engine never
+   * asks whether an op is on one (its state says where it is).
    */
-  list_init (&op->unf);
-  list_init (&op->wait);
-  list_init (&op->reply_link);
-  list_init (&op->release_link);
 
   switch (op->kind) {
   case ENG_WRITE:

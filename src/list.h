@@ -82,12 +82,21 @@ list_add_before (struct list_node *pos, struct list_node *n)
   list_insert_between (n, pos->prev, pos);
 }
 
+/* Take N off its list and leave its own links stale: for a node that
+ * is tested by no list_linked and only ever added to a list again.
+ */
+static inline void
+list_unlink (struct list_node *n)
+{
+  n->prev->next = n->next;
+  n->next->prev = n->prev;
+}
+
 /* Unlink N and leave it unlinked (list_linked is false afterwards). */
 static inline void
 list_del (struct list_node *n)
 {
-  n->prev->next = n->next;
-  n->next->prev = n->prev;
+  list_unlink (n);
   list_init (n);
 }
 
