@@ -32,6 +32,9 @@
 #include "remote.h"
 #include "ratelimit.h"
 
+/* Given by the entry at start (conns_init): read-only after that. */
+static struct conns_setup setup;
+
 static uint64_t next_conn_id;
 
 /* Requests that fail are logged at most once a second: a backend that
@@ -126,24 +129,24 @@ request_new (enum eng_kind kind, uint64_t offset, uint64_t count,
 
   if (count > 0) {
     /* nbdkit checks bounds too, but the layout never trusts its caller. */
-    if (layout_iter_init (&it, &layout, offset, count) == -1) {
+    if (layout_iter_init (&it, setup.layout, offset, count) == -1) {
       nbdkit_error ("request beyond the end of the export: offset %" PRIu64
                     " count %" PRIu64 " size %" PRIu64,
-                    offset, count, layout.size);
+                    offset, count, setup.layout->size);
       errno = EINVAL;
       return NULL;
     }
-    n = layout_nr_file_pieces (&layout, offset, count);
+    n = layout_nr_file_pieces (setup.layout, offset, count);
   }
   /* The cap of the engine's work per request: one piece per file. */
-  assert (n <= layout.nr);
+  assert (n <= setup.layout->nr);
   if (n > STACK_PIECES && (lp = malloc (n * sizeof *lp)) == NULL) {
     nbdkit_error ("malloc: %m");
     return NULL;
   }
   if (n > 0) {
     size_t mapped;
-    int ret = layout_map_files (&layout, offset, count, lp, &mapped);
+    int ret = layout_map_files (setup.layout, offset, count, lp, &mapped);
 
     assert (ret == 0 && mapped == n);
     (void) ret;
@@ -174,8 +177,9 @@ request_new (enum eng_kind kind, uint64_t offset, uint64_t count,
      * (check_stripe_alignment), so it is aligned when the request is.
      */
     if (kind <= ENG_TRIM &&
-        !backing_aligned (&backings[lp[i].backing], kind == ENG_WRITE ?
-                          "write" : kind == ENG_ZERO ? "zero" : "trim",
+        !backing_aligned (&setup.backings[lp[i].backing],
+                          kind == ENG_WRITE ? "write" :
+                          kind == ENG_ZERO ? "zero" : "trim",
                           lp[i].offset, lp[i].count)) {
       request_free (&r->op);
       r = NULL;
@@ -220,7 +224,7 @@ request_set_data (struct request *r, const char *data)
 static bool
 request_needs_gather (uint64_t offset, uint64_t count)
 {
-  return layout_range_scattered (&layout, offset, count);
+  return layout_range_scattered (setup.layout, offset, count);
 }
 
 /* Copy data (as the client sent it) into r's room, piece after piece,
@@ -243,7 +247,7 @@ request_copy_data (struct request *r, const char *data)
         .count = r->pieces[i].count,
       };
 
-      layout_gather_piece (&layout, r->op.offset, &lp, data, d);
+      layout_gather_piece (setup.layout, r->op.offset, &lp, data, d);
     }
   request_set_data (r, r->copy);
 }
@@ -450,10 +454,10 @@ wants_arena (void)
 {
   size_t i;
 
-  if (cfg.mode != MODE_WRITEBACK)
+  if (setup.mode != MODE_WRITEBACK)
     return false;
-  for (i = 0; i < nr_backings; ++i)
-    if (backings[i].remote)
+  for (i = 0; i < setup.layout->nr; ++i)
+    if (setup.backings[i].remote)
       return true;
   return false;
 }
@@ -568,8 +572,9 @@ static pthread_mutex_t exit_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t exit_cond = PTHREAD_COND_INITIALIZER;
 
 int
-conns_init (void)
+conns_init (const struct conns_setup *s)
 {
+  setup = *s;
   exit_req = request_new (ENG_SHUTDOWN, 0, 0, 0, 0);
   if (exit_req == NULL) {
     nbdkit_error ("no memory for the exit's request: %m");
@@ -711,7 +716,7 @@ static PLUG_THREAD_LOCAL bool last_plugged;
 static bool
 needs_copy (const void *data, uint32_t flags)
 {
-  return data && cfg.mode == MODE_WRITEBACK && !(flags & ENG_F_FUA);
+  return data && setup.mode == MODE_WRITEBACK && !(flags & ENG_F_FUA);
 }
 
 /* Room to ask for in the request's block: a copy of the data, made
@@ -725,7 +730,7 @@ speculate_room (const void *data, uint32_t flags, uint32_t count)
 {
   if (!needs_copy (data, flags))
     return 0;
-  return cfg.direct == DIRECT_NEVER || last_plugged ? count : 0;
+  return setup.direct == DIRECT_NEVER || last_plugged ? count : 0;
 }
 
 /* r, a write whose data is still nbdkit's buffer, moved into a block
@@ -798,7 +803,7 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   glue_begin (&a);
   pthread_mutex_lock (&eng_lock);
   now = now_ns ();
-  if (cfg.direct != DIRECT_NEVER)
+  if (setup.direct != DIRECT_NEVER)
     direct = engine_try_direct (eng, c->ec, &r->op, now, &a.eng);
   if (!direct && (copied || !copy)) {
     /* Writeback acknowledges at once: the data must be our own copy,
@@ -977,16 +982,17 @@ conn_pread (struct conn *c, void *buf, uint32_t count, uint64_t offset)
   int ret = 0;
 
   stats_count (&c->stats.client[STATS_C_READ], count);
-  if (layout_iter_init (&it, &layout, offset, count) == -1) {
+  if (layout_iter_init (&it, setup.layout, offset, count) == -1) {
     nbdkit_error ("pread beyond the end of the export: offset %" PRIu64
                   " count %" PRIu32, offset, count);
     errno = EINVAL;
     return -1;
   }
   while (layout_iter_next (&it, &p))
-    if (!backing_aligned (&backings[p.backing], "read", p.offset, p.count))
+    if (!backing_aligned (&setup.backings[p.backing], "read",
+                          p.offset, p.count))
       return -1;
-  layout_iter_init (&it, &layout, offset, count);
+  layout_iter_init (&it, setup.layout, offset, count);
   /* A read never returns stale data: wait for any held or in-flight
    * mutation, of any connection, acknowledged before it.
    */
@@ -997,7 +1003,7 @@ conn_pread (struct conn *c, void *buf, uint32_t count, uint64_t offset)
    */
   remote_wait_init (&w);
   while (layout_iter_next (&it, &p)) {
-    struct backing *b = &backings[p.backing];
+    struct backing *b = &setup.backings[p.backing];
 
     if (b->remote == NULL)
       continue;
@@ -1005,9 +1011,9 @@ conn_pread (struct conn *c, void *buf, uint32_t count, uint64_t offset)
     remote_start_pread (b->remote, &w, (char *) buf + p.buf_offset,
                         p.count, p.offset);
   }
-  layout_iter_init (&it, &layout, offset, count);
+  layout_iter_init (&it, setup.layout, offset, count);
   while (layout_iter_next (&it, &p)) {
-    struct backing *b = &backings[p.backing];
+    struct backing *b = &setup.backings[p.backing];
 
     if (b->remote)
       continue;

@@ -30,6 +30,17 @@
 pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
 struct engine *eng;
 
+/* The backing files, borrowed from the entry (glue_init): read-only
+ * until .unload.
+ */
+static struct backing *backings;
+
+void
+glue_init (struct backing *b)
+{
+  backings = b;
+}
+
 /* Futex words of the waiter groups: static, so that a waker may touch
  * a word after its waiters (and their connection) are gone.  Groups
  * that share a word only share wake-ups.

@@ -44,6 +44,13 @@ extern pthread_mutex_t eng_lock;
 extern struct engine *eng;      /* Owned: made in .get_ready, freed in
                                  * .unload.  Protected by eng_lock. */
 
+struct backing;
+
+/* The backing files whose runs and syncs glue carries out, [the
+ * engine's nr_backings], borrowed until .unload (.get_ready).
+ */
+extern void glue_init (struct backing *backings);
+
 /* A worker waiting for its request's answer: lives on its stack until
  * it is answered.
  *

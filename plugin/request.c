@@ -19,7 +19,6 @@
 
 #include "cleanup.h"
 #include "glue.h"
-#include "plugin.h"
 #include "request.h"
 
 /* A recycled block has room for this many pieces: a request has one
@@ -66,6 +65,7 @@ static size_t cache_len[REQ_CLASSES];
  * Not per thread: 300 connections have 4,800 worker threads.
  */
 static size_t kept_bytes;
+static size_t kept_max;                 /* max-bytes=, from request_init. */
 
 static void
 kept_sub (size_t n)
@@ -161,7 +161,7 @@ request_recycle_locked (struct eng_actions *a)
     next = op->release_next;
     if (r->cls >= 0 && r->chunk == NULL && cache_len[r->cls] < CACHE_SLOTS &&
         __atomic_load_n (&kept_bytes, __ATOMIC_RELAXED) +
-        class_size (r->cls) <= cfg.lim.max_bytes) {
+        class_size (r->cls) <= kept_max) {
       __atomic_add_fetch (&kept_bytes, class_size (r->cls),
                           __ATOMIC_RELAXED);
       cache[r->cls][cache_len[r->cls]++] = r;
@@ -229,7 +229,7 @@ request_trim (void)
 }
 
 int
-request_init (void)
+request_init (uint64_t max_bytes)
 {
   int err = pthread_key_create (&spare_key, spare_exit);
 
@@ -239,6 +239,7 @@ request_init (void)
     return -1;
   }
   spare_key_made = true;
+  kept_max = max_bytes;
   return 0;
 }
 

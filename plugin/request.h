@@ -72,9 +72,10 @@ extern void request_refill_locked (size_t nr_pieces, size_t room);
 extern void request_trim (void);
 
 /* Set up and tear down (.get_ready / .unload): a thread's spare is
- * freed when the thread exits.
+ * freed when the thread exits.  max_bytes (max-bytes=) bounds the
+ * blocks kept for reuse.
  */
-extern int request_init (void);
+extern int request_init (uint64_t max_bytes);
 extern void request_fini (void);
 
 #endif /* NBDPLUG_REQUEST_H */
