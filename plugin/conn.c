@@ -31,6 +31,7 @@
 #include "plugin.h"
 #include "remote.h"
 #include "ratelimit.h"
+#include "statsfile.h"
 
 /* Given by the entry at start (conns_init): read-only after that. */
 static struct conns_setup setup;

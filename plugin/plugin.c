@@ -2,16 +2,19 @@
  * Copyright the nbdplug authors (see LICENSE).
  */
 
-/* plugin.c: nbdkit glue: parameters, global state, callbacks.
+/* plugin.c: the nbdkit entry points: the plugin's one handle (its
+ * configuration, layout, backing files), its lifecycle (.get_ready
+ * builds the rooms and gives each what it needs, .cleanup and .unload
+ * take them down), and the callbacks.
  *
  * The callbacks are thin: reads, flushes and writes go to conn.c, which
- * hands them to the export's engine (src/engine.h, glue.h).
+ * hands them to the export's engine (src/engine.h, glue.h); the
+ * parameters are config.c's, the stats-file= reports statsfile.c's.
  */
 
 #include <config.h>
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
@@ -21,7 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,10 +42,10 @@
 #include "layout.h"
 #include "minmax.h"
 #include "plugin.h"
-#include "ratelimit.h"
 #include "remote.h"
 #include "rescue.h"
 #include "request.h"
+#include "statsfile.h"
 
 /* -D plug.stats=1: log each connection's statistics at close. */
 NBDKIT_DLL_PUBLIC int plug_debug_stats;
@@ -77,13 +79,10 @@ static struct plugin_state {
   struct backing *backings;     /* Owned: [nr_backings]. */
   size_t nr_backings;           /* Opened so far (all of them once
                                  * .get_ready succeeded). */
-  uint64_t start_ns;            /* .get_ready's now_ns. */
 } plug;
 
 struct config cfg;
 
-static pthread_mutex_t stats_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct plug_stats stats_total;        /* Protected by stats_lock. */
 static uint64_t inject_counter;              /* Atomic. */
 
 uint64_t
@@ -102,190 +101,6 @@ inject_eagain (void)
 
   return n > 0 &&
     __atomic_add_fetch (&inject_counter, 1, __ATOMIC_RELAXED) % n == 0;
-}
-
-/* A stats-file= that cannot be written (its directory removed, the
- * file system full) fails at every report, every stats-interval= for
- * as long as a connection stays open: the first failure is logged at
- * once, later ones at most once a minute with the count (at the
- * default 2s that is 30 reports a line, not 43,200 lines a day), and
- * the first report written after them says so.  Each failure not
- * logged as an error is a debug line (nbdkit -v).
- */
-#define STATS_ERROR_INTERVAL_NS (60 * 1000000000ULL)
-
-enum stats_file_state {
-  STATS_FILE_WRITTEN,           /* The last report was written, or none
-                                 * was tried yet. */
-  STATS_FILE_FAILING,           /* The last report could not be written. */
-};
-
-static struct {
-  enum stats_file_state state;
-  uint64_t failed;              /* Reports not written since the last one
-                                 * written. */
-  struct ratelimit log;
-} stats_health;                 /* Protected by stats_lock. */
-
-/* A report could not be written: "what" failed with errno err (path,
- * when given, is the file it was done to).  Caller holds stats_lock.
- */
-static void
-stats_file_failed_locked (const char *what, const char *path, int err)
-{
-  uint64_t suppressed;
-
-  stats_health.state = STATS_FILE_FAILING;
-  stats_health.failed++;
-  errno = err;
-  if (!ratelimit_allow_every (&stats_health.log, now_ns (),
-                              STATS_ERROR_INTERVAL_NS, &suppressed))
-    nbdkit_debug ("stats-file=%s: report not written: %s%s%s: %m "
-                  "(%" PRIu64 " since the last one written)",
-                  plug.cfg.statsfile, what, path ? " " : "", path ? path : "",
-                  stats_health.failed);
-  else if (suppressed > 0)
-    nbdkit_error ("stats-file=%s: report not written: %s%s%s: %m "
-                  "(and %" PRIu64 " more since the last message)",
-                  plug.cfg.statsfile, what, path ? " " : "", path ? path : "",
-                  suppressed);
-  else
-    nbdkit_error ("stats-file=%s: report not written: %s%s%s: %m",
-                  plug.cfg.statsfile, what, path ? " " : "", path ? path : "");
-}
-
-/* A report was written.  Caller holds stats_lock. */
-static void
-stats_file_written_locked (void)
-{
-  if (stats_health.state == STATS_FILE_FAILING)
-    nbdkit_error ("stats-file=%s: written again, after %" PRIu64
-                  " reports that could not be written",
-                  plug.cfg.statsfile, stats_health.failed);
-  stats_health.state = STATS_FILE_WRITTEN;
-  stats_health.failed = 0;
-  /* The next failure is news: log it at once. */
-  stats_health.log = (struct ratelimit) { 0 };
-}
-
-/* Write text to stats-file= atomically (temporary file + rename), so a
- * reader never sees half a file.  Caller holds stats_lock (not
- * eng_lock: a slow or failing file system delays only the next report).
- */
-static void
-replace_statsfile_locked (const char *text)
-{
-  CLEANUP_FREE char *tmp = NULL;
-  FILE *fp;
-  int err;
-
-  if (asprintf (&tmp, "%s.tmp", plug.cfg.statsfile) == -1) {
-    stats_file_failed_locked ("asprintf", NULL, errno);
-    return;
-  }
-  fp = fopen (tmp, "w");
-  if (fp == NULL) {
-    stats_file_failed_locked ("create", tmp, errno);
-    return;
-  }
-  if (fputs (text, fp) == EOF) {
-    err = errno;
-    fclose (fp);
-    unlink (tmp);
-    stats_file_failed_locked ("write", tmp, err);
-    return;
-  }
-  if (fclose (fp) == EOF) {
-    err = errno;
-    unlink (tmp);
-    stats_file_failed_locked ("write", tmp, err);
-    return;
-  }
-  if (rename (tmp, plug.cfg.statsfile) == -1) {
-    err = errno;
-    unlink (tmp);
-    stats_file_failed_locked ("rename to", plug.cfg.statsfile, err);
-    return;
-  }
-  stats_file_written_locked ();
-}
-
-/* How a report counts the connections still open. */
-enum open_counted {
-  OPEN_APART,                   /* In the live totals only. */
-  OPEN_IN_CLOSED,               /* Already merged into *closed (exit). */
-};
-
-/* Write the report: *closed at the top level (the historical format),
- * and the live figures.  Caller holds stats_lock (so that a closing
- * connection is counted either open or closed: stats_publish_close).
- */
-static void
-write_statsfile_locked (const char *written_at,
-                        const struct plug_stats *closed,
-                        enum open_counted open)
-{
-  CLEANUP_FREE char *json = NULL;
-  CLEANUP_FREE struct stats_conn_live *conns = NULL;
-  CLEANUP_FREE struct stats_file_live *flive = NULL;
-  struct plug_stats totals = *closed, open_sum = { 0 };
-  struct stats_report r = {
-    .mode = mode_name (plug.cfg.mode),
-    .written_at = written_at,
-    .interval_ns = plug.cfg.stats_interval_ns,
-    .closed = closed,
-    .totals = &totals,
-  };
-  uint64_t now;
-  size_t i;
-
-  if (plug.cfg.statsfile == NULL)
-    return;
-  flive = calloc (plug.nr_backings ? plug.nr_backings : 1, sizeof *flive);
-  if (flive == NULL || conns_live (&r, flive, &open_sum, &conns) == -1) {
-    stats_file_failed_locked ("gather the figures", NULL, errno);
-    return;
-  }
-  /* After the engine's snapshot: no acknowledgement in it is newer. */
-  now = now_ns ();
-  if (open == OPEN_APART)
-    stats_merge (&totals, &open_sum);
-  r.conns = conns;
-  r.files = flive;
-  r.nr_files = plug.nr_backings;
-  r.uptime_ns = now - plug.start_ns;
-  if (r.unflushed.requests > 0 && now > r.unflushed.oldest_ns)
-    r.unflushed_age_ns = now - r.unflushed.oldest_ns;
-  for (i = 0; i < plug.nr_backings; ++i) {
-    flive[i].name = plug.backings[i].name;
-    if (plug.backings[i].remote)
-      remote_stats (plug.backings[i].remote, now, &flive[i]);
-  }
-  json = stats_report_json (&r);
-  if (json == NULL) {
-    stats_file_failed_locked ("format the report", NULL, errno);
-    return;
-  }
-  replace_statsfile_locked (json);
-}
-
-size_t
-stats_publish_close (struct conn *c)
-{
-  size_t left;
-
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&stats_lock);
-  left = conns_unregister (c);
-  stats_merge (&stats_total, &c->stats);
-  write_statsfile_locked ("close", &stats_total, OPEN_APART);
-  return left;
-}
-
-void
-stats_write_live (void)
-{
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&stats_lock);
-  write_statsfile_locked ("interval", &stats_total, OPEN_APART);
 }
 
 /* Server exit.  nbdkit 1.32 can reach .cleanup while a connection
@@ -319,13 +134,7 @@ plugin_cleanup (void)
   /* Always: the exit's sync emptied the unflushed window, which a
    * report from the last close still shows.
    */
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&stats_lock);
-  {
-    struct plug_stats all = stats_total;
-
-    stats_merge (&all, &live);
-    write_statsfile_locked ("exit", &all, OPEN_IN_CLOSED);
-  }
+  statsfile_write_exit (&live);
 }
 
 static void
@@ -514,48 +323,6 @@ check_alignment (void)
   return 0;
 }
 
-/* Refuse a stats-file= that no report could replace now, not at the
- * first close: a directory (rename(2) fails with EISDIR at every
- * report), anything else that is not a regular file (a device or FIFO
- * would be replaced by the report), a directory we cannot create
- * PATH.tmp in.
- */
-static int
-check_statsfile (void)
-{
-  CLEANUP_FREE char *tmp = NULL;
-  struct stat st;
-  int fd;
-
-  if (stat (plug.cfg.statsfile, &st) == 0) {
-    if (S_ISDIR (st.st_mode)) {
-      nbdkit_error ("stats-file=%s: is a directory: name a file, such as "
-                    "%s/plug-stats.json", plug.cfg.statsfile,
-                    plug.cfg.statsfile);
-      return -1;
-    }
-    if (!S_ISREG (st.st_mode)) {
-      nbdkit_error ("stats-file=%s: exists and is not a regular file: "
-                    "every report replaces it (by rename)",
-                    plug.cfg.statsfile);
-      return -1;
-    }
-  }
-  if (asprintf (&tmp, "%s.tmp", plug.cfg.statsfile) == -1) {
-    nbdkit_error ("asprintf: %m");
-    return -1;
-  }
-  fd = open (tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd == -1) {
-    nbdkit_error ("stats-file=%s: cannot create %s: %m",
-                  plug.cfg.statsfile, tmp);
-    return -1;
-  }
-  close (fd);
-  unlink (tmp);
-  return 0;
-}
-
 /* Open the files and build the layout here, not in .config_complete:
  * errors are still seen by the user, and --dump-plugin never opens them.
  */
@@ -564,10 +331,10 @@ plugin_get_ready (void)
 {
   CLEANUP_FREE uint64_t *sizes = NULL;
   enum layout_error why;
+  uint64_t start_ns = now_ns ();
   size_t i, bad;
 
-  plug.start_ns = now_ns ();
-  if (plug.cfg.statsfile && check_statsfile () == -1)
+  if (plug.cfg.statsfile && statsfile_check (plug.cfg.statsfile) == -1)
     return -1;
 
   if (conn_init_worker_key () == -1 ||
@@ -608,6 +375,14 @@ plugin_get_ready (void)
   if (check_alignment () == -1 || make_engine () == -1)
     return -1;
   glue_init (plug.backings);
+  statsfile_init (&(struct statsfile_setup) {
+      .path = plug.cfg.statsfile,
+      .mode = plug.cfg.mode,
+      .interval_ns = plug.cfg.stats_interval_ns,
+      .backings = plug.backings,
+      .nr_backings = plug.nr_backings,
+      .start_ns = start_ns,
+    });
   return conns_init (&(struct conns_setup) {
       .layout = &plug.layout,
       .backings = plug.backings,
@@ -824,6 +599,90 @@ plugin_flush (void *handle, uint32_t flags)
   return r;
 }
 
+/* An extents answer under construction: the part of the export that
+ * one backing file's piece covers, walked from its start.
+ */
+struct extents_walk {
+  struct nbdkit_extents *extents;       /* nbdkit's, filled here. */
+  struct backing *b;
+  uint64_t off;                 /* Next offset in the backing file. */
+  uint64_t exp;                 /* The same place in the export. */
+  uint64_t left;                /* Bytes of the piece not yet answered. */
+};
+
+/* Answer len bytes at w's place with nbdkit's extent flags fl, and
+ * move on.  Returns 0, or -1 (nbdkit_add_extent said why).
+ */
+static int
+extents_add (struct extents_walk *w, uint64_t len, uint32_t fl)
+{
+  if (nbdkit_add_extent (w->extents, w->exp, len, fl) == -1)
+    return -1;
+  w->off += len;
+  w->exp += len;
+  w->left -= len;
+  return 0;
+}
+
+/* nbdkit's extent flags for an NBD server's block status flags. */
+static uint32_t
+extent_flags_of_remote (uint32_t flags)
+{
+  uint32_t fl = 0;
+
+  if (flags & LIBNBD_STATE_HOLE)
+    fl |= NBDKIT_EXTENT_HOLE;
+  if (flags & LIBNBD_STATE_ZERO)
+    fl |= NBDKIT_EXTENT_ZERO;
+  return fl;
+}
+
+/* A piece on an NBD server: one block status round trip answers many
+ * extents; take them all, and more round trips for the rest, unless
+ * the client wants one (req_one).  Returns 0, or -1 after nbdkit_error.
+ */
+static int
+extents_remote (struct extents_walk *w, bool req_one)
+{
+  while (w->left > 0) {
+    struct remote_extent ext[64];
+    int n = remote_extents (w->b->remote, w->off, w->left, ext, 64), k;
+
+    if (n == -1) {
+      nbdkit_error ("file=%s: block status: %m", w->b->name);
+      return -1;
+    }
+    for (k = 0; k < n && w->left > 0; ++k)
+      if (extents_add (w, MIN (ext[k].length, w->left),
+                       extent_flags_of_remote (ext[k].flags)) == -1)
+        return -1;
+    if (req_one)
+      break;
+  }
+  return 0;
+}
+
+/* A piece of a local file: data and holes (SEEK_DATA, SEEK_HOLE), the
+ * whole piece.  Returns 0, or -1 after nbdkit_error.
+ */
+static int
+extents_local (struct extents_walk *w)
+{
+  while (w->left > 0) {
+    uint64_t len;
+    bool hole;
+
+    if (backing_extent (w->b, w->off, w->left, &len, &hole) == -1) {
+      nbdkit_error ("file=%s: lseek: %m", w->b->name);
+      return -1;
+    }
+    if (extents_add (w, len, hole ? NBDKIT_EXTENT_HOLE | NBDKIT_EXTENT_ZERO
+                     : 0) == -1)
+      return -1;
+  }
+  return 0;
+}
+
 static int
 extents_answer (void *handle, uint32_t count, uint64_t offset,
                 uint32_t flags, struct nbdkit_extents *extents)
@@ -832,6 +691,7 @@ extents_answer (void *handle, uint32_t count, uint64_t offset,
   struct layout_iter it;
   struct layout_piece p;
   unsigned pieces = 0;
+  bool req_one = flags & NBDKIT_FLAG_REQ_ONE;
 
   stats_count (&c->stats.client[STATS_C_EXTENTS], count);
   if (layout_iter_init (&it, &plug.layout, offset, count) == -1) {
@@ -844,53 +704,17 @@ extents_answer (void *handle, uint32_t count, uint64_t offset,
     return -1;
   /* A client asks again for the rest; bound the work of one call. */
   while (layout_iter_next (&it, &p) && pieces++ < 256) {
-    uint64_t off = p.offset, left = p.count, exp = offset + p.buf_offset;
-    struct remote *rem = plug.backings[p.backing].remote;
+    struct extents_walk w = {
+      .extents = extents,
+      .b = &plug.backings[p.backing],
+      .off = p.offset,
+      .exp = offset + p.buf_offset,
+      .left = p.count,
+    };
 
-    /* A server answers many extents per round trip: take them all. */
-    while (rem && left > 0) {
-      struct remote_extent ext[64];
-      int n = remote_extents (rem, off, left, ext, 64), k;
-
-      if (n == -1) {
-        nbdkit_error ("file=%s: block status: %m", plug.backings[p.backing].name);
-        return -1;
-      }
-      for (k = 0; k < n && left > 0; ++k) {
-        uint64_t len = MIN (ext[k].length, left);
-        uint32_t fl = 0;
-
-        if (ext[k].flags & LIBNBD_STATE_HOLE)
-          fl |= NBDKIT_EXTENT_HOLE;
-        if (ext[k].flags & LIBNBD_STATE_ZERO)
-          fl |= NBDKIT_EXTENT_ZERO;
-        if (nbdkit_add_extent (extents, exp, len, fl) == -1)
-          return -1;
-        off += len;
-        exp += len;
-        left -= len;
-      }
-      if (flags & NBDKIT_FLAG_REQ_ONE)
-        return 0;
-    }
-    while (left > 0) {
-      uint64_t len;
-      bool hole;
-
-      if (backing_extent (&plug.backings[p.backing], off, left, &len,
-                          &hole) == -1) {
-        nbdkit_error ("file=%s: lseek: %m", plug.backings[p.backing].name);
-        return -1;
-      }
-      if (nbdkit_add_extent (extents, exp, len,
-                             hole ? NBDKIT_EXTENT_HOLE | NBDKIT_EXTENT_ZERO
-                             : 0) == -1)
-        return -1;
-      off += len;
-      exp += len;
-      left -= len;
-    }
-    if (flags & NBDKIT_FLAG_REQ_ONE)
+    if (w.b->remote ? extents_remote (&w, req_one) : extents_local (&w))
+      return -1;
+    if (req_one)
       break;
   }
   return 0;

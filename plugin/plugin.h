@@ -3,7 +3,7 @@
  */
 
 /* plugin.h: what the entry room (plugin.c) offers the rest of the
- * plugin: the debug flags, the clock, the statistics reports.
+ * plugin: the debug flags and the clock.
  *
  * The debug flags are set by nbdkit before .config and read-only after
  * that; the injection counter is atomic.
@@ -17,6 +17,7 @@
 
 #include "plug-config.h"
 #include "stats.h"
+#include "statsfile.h"            /* stats_write_live, for loop.c. */
 
 /* A thread-local variable of the plugin.  initial-exec: it lives in the
  * thread's static TLS block (ld.so reserves room for dlopen'd objects),
@@ -50,19 +51,5 @@ extern uint64_t now_ns (void);
  * if this one must fail with EAGAIN.  Any thread.
  */
 extern bool inject_eagain (void);
-
-struct conn;
-
-/* A connection closes: take it out of the registry, add its statistics
- * to the totals and rewrite stats-file= (if any), all under stats_lock.
- * Context: .close.  Returns how many connections are left.
- */
-extern size_t stats_publish_close (struct conn *c);
-
-/* Rewrite stats-file= (if any) with the live figures.  Takes stats_lock,
- * then conns_lock and eng_lock briefly (conns_live).  Context: the
- * timer thread, every stats-interval= while connections are open.
- */
-extern void stats_write_live (void);
 
 #endif /* NBDPLUG_PLUGIN_H */
