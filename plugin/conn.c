@@ -28,9 +28,9 @@
 #include "conn.h"
 #include "glue.h"
 #include "layout.h"
+#include "log.h"
 #include "plugin.h"
 #include "remote.h"
-#include "ratelimit.h"
 #include "statsfile.h"
 
 /* Given by the entry at start (conns_init): read-only after that. */
@@ -48,19 +48,8 @@ static void
 request_error (const char *what)
 {
   int err = errno;
-  uint64_t suppressed;
-  bool allow;
 
-  {
-    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&errlog_lock);
-    allow = ratelimit_allow (&errlog, now_ns (), &suppressed);
-  }
-  errno = err;
-  if (allow && suppressed > 0)
-    nbdkit_error ("%s: %m (and %" PRIu64 " more since the last message)",
-                  what, suppressed);
-  else if (allow)
-    nbdkit_error ("%s: %m", what);
+  log_error_limited (&errlog, &errlog_lock, "%s: %m", what);
   /* nbdkit sends the errno to the client either way. */
   nbdkit_set_error (err);
   errno = err;

@@ -23,7 +23,7 @@
 #include "cleanup.h"
 #include "conn.h"
 #include "plugin.h"
-#include "ratelimit.h"
+#include "log.h"
 #include "remote.h"
 #include "statsfile.h"
 
@@ -68,25 +68,16 @@ static struct {
 static void
 stats_file_failed_locked (const char *what, const char *path, int err)
 {
-  uint64_t suppressed;
-
   stats_health.state = STATS_FILE_FAILING;
   stats_health.failed++;
   errno = err;
-  if (!ratelimit_allow_every (&stats_health.log, now_ns (),
-                              STATS_ERROR_INTERVAL_NS, &suppressed))
+  if (!log_error_every (&stats_health.log, NULL, STATS_ERROR_INTERVAL_NS,
+                        "stats-file=%s: report not written: %s%s%s: %m",
+                        sf.path, what, path ? " " : "", path ? path : ""))
     nbdkit_debug ("stats-file=%s: report not written: %s%s%s: %m "
                   "(%" PRIu64 " since the last one written)",
                   sf.path, what, path ? " " : "", path ? path : "",
                   stats_health.failed);
-  else if (suppressed > 0)
-    nbdkit_error ("stats-file=%s: report not written: %s%s%s: %m "
-                  "(and %" PRIu64 " more since the last message)",
-                  sf.path, what, path ? " " : "", path ? path : "",
-                  suppressed);
-  else
-    nbdkit_error ("stats-file=%s: report not written: %s%s%s: %m",
-                  sf.path, what, path ? " " : "", path ? path : "");
 }
 
 /* A report was written.  Caller holds stats_lock. */
