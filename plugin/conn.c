@@ -95,153 +95,6 @@ conns_open (void)
   return nr_conns;
 }
 
-/* Pieces of a request mapped on the stack; more files take malloc. */
-#define STACK_PIECES 16
-
-/* A request for [offset, offset+count) of the export, with one piece per
- * backing file it touches (layout_map_files): a 4 GiB zero over two
- * striped files is two pieces, not one per stripe unit, so that what
- * the engine does for it under eng_lock (add, sort, merge, look for
- * overlaps) is bounded by the number of files, whatever the client
- * sent.  count 0 (FLUSH, CLOSE, SHUTDOWN): no pieces.  room: bytes for
- * a copy of the data in the same block (0: none).  The pieces' data
- * is set later (request_set_data).  Returns NULL after nbdkit_error.
- */
-static struct request *
-request_new (enum eng_kind kind, uint64_t offset, uint64_t count,
-             uint32_t flags, size_t room)
-{
-  struct layout_piece stack[STACK_PIECES], *lp = stack;
-  struct layout_iter it;
-  struct request *r;
-  size_t n = 0, i;
-  uint32_t pflags = 0;
-
-  if (count > 0) {
-    /* nbdkit checks bounds too, but the layout never trusts its caller. */
-    if (layout_iter_init (&it, setup.layout, offset, count) == -1) {
-      nbdkit_error ("request beyond the end of the export: offset %" PRIu64
-                    " count %" PRIu64 " size %" PRIu64,
-                    offset, count, setup.layout->size);
-      errno = EINVAL;
-      return NULL;
-    }
-    n = layout_nr_file_pieces (setup.layout, offset, count);
-  }
-  /* The cap of the engine's work per request: one piece per file. */
-  assert (n <= setup.layout->nr);
-  if (n > STACK_PIECES && (lp = malloc (n * sizeof *lp)) == NULL) {
-    nbdkit_error ("malloc: %m");
-    return NULL;
-  }
-  if (n > 0) {
-    size_t mapped;
-    int ret = layout_map_files (setup.layout, offset, count, lp, &mapped);
-
-    assert (ret == 0 && mapped == n);
-    (void) ret;
-  }
-  r = request_alloc (n, room);
-  if (r == NULL) {
-    nbdkit_error ("calloc: %m");
-    goto out;
-  }
-  r->op.kind = kind;
-  r->op.flags = flags;
-  r->op.offset = offset;
-  r->op.count = count;
-  r->op.nr_pieces = n;
-  r->op.pieces = r->pieces;
-  if (flags & ENG_F_MAY_TRIM)
-    pflags |= PLUG_F_MAY_TRIM;
-  if (flags & ENG_F_FAST)
-    pflags |= PLUG_F_FAST;
-
-  for (i = 0; i < n; ++i) {
-    struct plug_req *p = &r->pieces[i];
-
-    /* Reads are checked by conn_pread; a barrier for block status may
-     * be misaligned (that answer is "data" then).  A piece starts
-     * where the request enters its file and ends where it leaves it,
-     * and the stripe is a multiple of every file's block size
-     * (check_stripe_alignment), so it is aligned when the request is.
-     */
-    if (kind <= ENG_TRIM &&
-        !backing_aligned (&setup.backings[lp[i].backing],
-                          kind == ENG_WRITE ? "write" :
-                          kind == ENG_ZERO ? "zero" : "trim",
-                          lp[i].offset, lp[i].count)) {
-      request_free (&r->op);
-      r = NULL;
-      goto out;
-    }
-
-    p->op = kind <= ENG_TRIM ? (enum plug_op) kind : PLUG_OP_WRITE;
-    p->flags = pflags;
-    p->backing = lp[i].backing;
-    p->offset = lp[i].offset;
-    p->count = lp[i].count;
-    p->buf = NULL;
-  }
- out:
-  if (lp != stack)
-    free (lp);
-  return r;
-}
-
-/* Point each piece at its bytes in data (NULL for zero and trim).  The
- * pieces' bytes follow each other in data, in the pieces' order:
- * where the client put them when the pieces tile the request, and in
- * a gathered copy otherwise (request_copy_data).
- */
-static void
-request_set_data (struct request *r, const char *data)
-{
-  uint64_t off = 0;
-  size_t i;
-
-  for (i = 0; i < r->op.nr_pieces; ++i) {
-    r->pieces[i].buf = data ? data + off : NULL;
-    off += r->pieces[i].count;
-  }
-}
-
-/* Are a write's bytes for each file scattered over the client's
- * buffer (striped, longer than one row of units)?  Then every mode
- * writes from a copy gathered file by file: one pwrite per file, and
- * the pieces stay one per file.
- */
-static bool
-request_needs_gather (uint64_t offset, uint64_t count)
-{
-  return layout_range_scattered (setup.layout, offset, count);
-}
-
-/* Copy data (as the client sent it) into r's room, piece after piece,
- * and point the pieces at the copy.
- */
-static void
-request_copy_data (struct request *r, const char *data)
-{
-  char *d;
-  size_t i;
-
-  r->copy = request_room (r);
-  if (!request_needs_gather (r->op.offset, r->op.count))
-    memcpy (r->copy, data, r->op.count);
-  else
-    for (i = 0, d = r->copy; i < r->op.nr_pieces; d += r->pieces[i++].count) {
-      const struct layout_piece lp = {
-        .backing = r->pieces[i].backing,
-        .offset = r->pieces[i].offset,
-        .count = r->pieces[i].count,
-      };
-
-      layout_gather_piece (setup.layout, r->op.offset, &lp, data, d);
-    }
-  request_set_data (r, r->copy);
-}
-
 /* The statistics of the pieces made for a request of c. */
 static void
 count_pieces (struct conn *c, const struct request *r)
@@ -723,31 +576,6 @@ speculate_room (const void *data, uint32_t flags, uint32_t count)
   return setup.direct == DIRECT_NEVER || last_plugged ? count : 0;
 }
 
-/* r, a write whose data is still nbdkit's buffer, moved into a block
- * with room for a copy of it: recycled like every other block, where a
- * buffer of its own would go back to malloc, which trims its heap and
- * faults the pages in again at the next one.  r is freed.  Returns the
- * new block, or NULL after nbdkit_error (r freed too).
- */
-static struct request *
-request_with_copy (struct conn *c, struct request *r, const void *data)
-{
-  struct request *n = request_alloc (r->op.nr_pieces, r->op.count);
-
-  if (n == NULL) {
-    nbdkit_error ("malloc: %m");
-    request_free (&r->op);
-    return NULL;
-  }
-  n->op = r->op;
-  n->op.pieces = n->pieces;
-  memcpy (n->pieces, r->pieces, r->op.nr_pieces * sizeof *n->pieces);
-  request_copy_data (n, data);
-  STATS_ADD (c->stats.bytes_copied, n->op.count);
-  request_free (&r->op);
-  return n;
-}
-
 /* Submit a write, zero or trim (data: nbdkit's buffer for a write).  A
  * FUA one is answered once written and synced (the engine's round of
  * syncs): NBD "MUST NOT send its reply ... until ... persisted".
@@ -764,30 +592,15 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   struct waiter w;
   bool direct = false, submitted = false, acked = false;
   bool copy = needs_copy (data, r->op.flags);
-  bool gather = data && request_needs_gather (r->op.offset, r->op.count);
-  bool copied = r->copy != NULL ||
-                ((copy || gather) && r->room >= r->op.count);
+  /* Copied before the lock (into an arena, or speculate_room): whether
+   * the write goes direct or into the plug, one acquisition decides
+   * and submits.
+   */
+  bool copied = r->copy != NULL;
   uint64_t now;
   int ret = 0;
 
-  /* conn_pwrite gave a scattered write its room. */
-  assert (!gather || copied);
   note_worker (c);
-  if (copied) {
-    /* Copied before the lock (into an arena, or speculate_room): whether
-     * the write goes direct or into the plug, one acquisition decides
-     * and submits.
-     */
-    if (r->copy == NULL) {
-      request_copy_data (r, data);
-      STATS_ADD (c->stats.bytes_copied, r->op.count);
-    }
-    else
-      request_set_data (r, r->copy);
-  }
-  else
-    request_set_data (r, data);
-
   glue_waiter_init (&w, c->id);
   r->op.waiter = &w;
   glue_begin (&a);
@@ -825,9 +638,10 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   }
   if (!direct && !submitted) {
     /* The direct path was expected and refused: copy now. */
-    r = request_with_copy (c, r, data);
+    r = request_with_copy (r, data);
     if (r == NULL)
       return -1;
+    STATS_ADD (c->stats.bytes_copied, r->op.count);
     r->op.bytes = r->op.count;
     ret = submit_wait (c, r);
   }
@@ -847,34 +661,30 @@ conn_pwrite (struct conn *c, const void *buf, uint32_t count,
   struct request *r;
   uint64_t start = now_ns ();
   uint32_t flags = fua ? ENG_F_FUA : 0;
-  bool gather = request_needs_gather (offset, count);
-  struct arena_chunk *chunk = NULL;
-  void *slot = NULL;
+  struct request_place place = {
+    .gather = layout_range_scattered (setup.layout, offset, count),
+  };
 
   stats_count (&c->stats.client[STATS_C_WRITE], count);
   if (fua)
     stats_count (&c->stats.client[STATS_C_FUA], count);
   /* A gathered (striped) write is not in the client's order: no slot. */
-  if (c->arena && !gather && needs_copy (buf, flags)) {
-    /* Placed by offset, copied outside the lock: the slot is ours. */
+  if (c->arena && !place.gather && needs_copy (buf, flags)) {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&c->arena_lock);
-    slot = arena_place (c->arena, offset, count, &chunk);
+    place.slot = arena_place (c->arena, offset, count, &place.chunk);
   }
-  r = request_new (ENG_WRITE, offset, count, flags,
-                   slot ? 0 : gather ? count :
-                   speculate_room (buf, flags, count));
+  if (!place.slot)
+    place.room = place.gather ? count : speculate_room (buf, flags, count);
+  /* The data's one trip: copied (or borrowed) there, before the lock. */
+  r = request_new_write (offset, count, flags, buf, &place);
   if (r == NULL) {
-    if (chunk)
-      arena_put (chunk);
+    if (place.chunk)
+      arena_put (place.chunk);
     return -1;
   }
   count_pieces (c, r);
-  if (slot) {
-    memcpy (slot, buf, count);
+  if (r->copy)
     STATS_ADD (c->stats.bytes_copied, count);
-    r->copy = slot;
-    r->chunk = chunk;
-  }
   if (submit_mutation (c, r, buf, "pwrite") == -1)
     return -1;
   stats_hist_add (&c->stats.latency[STATS_L_WRITE], now_ns () - start);

@@ -337,8 +337,7 @@ plugin_get_ready (void)
   if (plug.cfg.statsfile && statsfile_check (plug.cfg.statsfile) == -1)
     return -1;
 
-  if (conn_init_worker_key () == -1 ||
-      request_init (plug.cfg.lim.max_bytes) == -1)
+  if (conn_init_worker_key () == -1)
     return -1;
 
   plug.backings = calloc (plug.cfg.nr_files, sizeof *plug.backings);
@@ -373,6 +372,9 @@ plugin_get_ready (void)
     return -1;
   }
   if (check_alignment () == -1 || make_engine () == -1)
+    return -1;
+  if (request_init (plug.cfg.lim.max_bytes, &plug.layout,
+                    plug.backings) == -1)
     return -1;
   glue_init (plug.backings);
   statsfile_init (&(struct statsfile_setup) {
