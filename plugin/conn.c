@@ -132,7 +132,7 @@ worker_exit (void *vc)
     pthread_cond_signal (&c->gate_cond);
   }
   if (c->ec)
-    engine_conn_set_workers (eng, c->ec, c->nr_workers, now_ns (), &a.eng);
+    engine_conn_set_workers (setup.eng, c->ec, c->nr_workers, now_ns (), &a.eng);
   glue_end_locked (&a);
   pthread_mutex_unlock (&eng_lock);
   glue_perform (&a, GLUE_INLINE_ONE);
@@ -185,7 +185,7 @@ note_worker (struct conn *c)
       c->cap_workers = cap;
     }
     c->workers[c->nr_workers++] = pthread_self ();
-    engine_conn_set_workers (eng, c->ec, c->nr_workers, now_ns (), &a.eng);
+    engine_conn_set_workers (setup.eng, c->ec, c->nr_workers, now_ns (), &a.eng);
     glue_end_locked (&a);
   }
   pthread_setspecific (worker_key, c);
@@ -245,7 +245,7 @@ submit_wait (struct conn *c, struct request *r)
   r->op.waiter = &w;
   glue_begin (&a);
   pthread_mutex_lock (&eng_lock);
-  ret = engine_submit (eng, c ? c->ec : NULL, &r->op, now_ns (), &a.eng);
+  ret = engine_submit (setup.eng, c ? c->ec : NULL, &r->op, now_ns (), &a.eng);
   acked = r->op.acked;          /* r may be freed once we unlock. */
   /* A write copied after all (submit_mutation): its thread's next one
    * is expected to be plugged and copied too.
@@ -334,7 +334,7 @@ conn_open (void)
   c->opened_ns = now_ns ();
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
-    c->ec = engine_conn_open (eng, &c->stats);
+    c->ec = engine_conn_open (setup.eng, &c->stats);
     /* Under the lock: the timer thread may unplug c from now on. */
     if (c->ec) {
       engine_conn_set_id (c->ec, c->id);
@@ -376,7 +376,7 @@ conn_close (struct conn *c)
     nbdkit_error ("connection %" PRIu64 ": close: %m", c->id);
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
-    engine_conn_free (eng, c->ec);
+    engine_conn_free (setup.eng, c->ec);
     c->ec = NULL;
     timer_stats_conns_locked (-1);
   }
@@ -537,8 +537,8 @@ conns_live (struct stats_report *r, struct stats_file_live *files,
   for (c = conns, i = 0; c != NULL; c = c->reg_next, ++i)
     if (c->ec)
       engine_conn_snapshot (c->ec, &live[i]);
-  if (eng)
-    engine_snapshot (eng, r, files);
+  if (setup.eng)
+    engine_snapshot (setup.eng, r, files);
   pthread_mutex_unlock (&eng_lock);
   r->nr_conns = nr_conns;
   *out = live;
@@ -607,7 +607,7 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   pthread_mutex_lock (&eng_lock);
   now = now_ns ();
   if (setup.direct != DIRECT_NEVER)
-    direct = engine_try_direct (eng, c->ec, &r->op, now, &a.eng);
+    direct = engine_try_direct (setup.eng, c->ec, &r->op, now, &a.eng);
   if (!direct && (copied || !copy)) {
     /* Writeback acknowledges at once: the data must be our own copy,
      * since nbdkit reuses its buffer once we return.  (On the direct
@@ -615,7 +615,7 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
      */
     if (copied && copy)
       r->op.bytes = r->op.count;
-    ret = engine_submit (eng, c->ec, &r->op, now, &a.eng);
+    ret = engine_submit (setup.eng, c->ec, &r->op, now, &a.eng);
     acked = r->op.acked;        /* r may be reused once we unlock. */
     submitted = true;
   }
@@ -757,7 +757,7 @@ conn_barrier (struct conn *c, uint64_t offset, uint64_t count)
 
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
-    quiet = engine_quiet (eng);
+    quiet = engine_quiet (setup.eng);
   }
   if (quiet)
     return 0;

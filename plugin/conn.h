@@ -117,6 +117,8 @@ extern void conns_rescue (void);
 
 /* What the connections need of the export, given once at start. */
 struct conns_setup {
+  struct engine *eng;           /* Borrowed from the entry: the export's
+                                 * engine, called under eng_lock. */
   const struct layout *layout;  /* Borrowed from the entry (plugin.c):
                                  * read-only until .unload. */
   struct backing *backings;     /* Borrowed likewise: [layout->nr]. */

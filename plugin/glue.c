@@ -36,9 +36,17 @@ struct engine *eng;
 static struct backing *backings;
 
 void
-glue_init (struct backing *b)
+glue_init (struct engine *e, struct backing *b)
 {
+  eng = e;
   backings = b;
+}
+
+void
+glue_fini_locked (void)
+{
+  eng = NULL;
+  backings = NULL;
 }
 
 /* Futex words of the waiter groups: static, so that a waker may touch

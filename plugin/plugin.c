@@ -79,6 +79,8 @@ static struct plugin_state {
   struct backing *backings;     /* Owned: [nr_backings]. */
   size_t nr_backings;           /* Opened so far (all of them once
                                  * .get_ready succeeded). */
+  struct engine *eng;           /* Owned; glue.c and conn.c borrow it.
+                                 * Freed under eng_lock. */
 } plug;
 
 struct config cfg;
@@ -118,7 +120,7 @@ plugin_cleanup (void)
   struct plug_stats live = { 0 };
   size_t i;
 
-  if (eng == NULL)
+  if (plug.eng == NULL)
     return;
   /* The rescue stays armed through the exit's write-out and syncs: an
    * abort in between waits for them (conns_rescue).
@@ -158,8 +160,9 @@ plugin_unload (void)
     return;
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
-    engine_free (eng);
-    eng = NULL;
+    glue_fini_locked ();
+    engine_free (plug.eng);
+    plug.eng = NULL;
   }
   for (i = 0; i < plug.nr_backings; ++i)
     backing_close (&plug.backings[i]);
@@ -255,8 +258,8 @@ make_engine (void)
     .names = (const char *const *) plug.cfg.files,
   };
 
-  eng = engine_new (&ec);
-  if (eng == NULL) {
+  plug.eng = engine_new (&ec);
+  if (plug.eng == NULL) {
     nbdkit_error ("engine: %m");
     return -1;
   }
@@ -266,7 +269,7 @@ make_engine (void)
    */
   for (i = 0; i < plug.nr_backings; ++i)
     if (plug.backings[i].remote)
-      engine_set_max_inflight (eng, i, plug.cfg.remote_queue_depth);
+      engine_set_max_inflight (plug.eng, i, plug.cfg.remote_queue_depth);
   /* A write to an NBD server costs a round trip, a write to a local
    * file about what the plug's copy costs.  In writeback mode a request
    * to a server that merges with nothing is still acknowledged from the
@@ -278,7 +281,7 @@ make_engine (void)
   for (i = 0; i < plug.nr_backings; ++i)
     if (plug.backings[i].remote && plug.cfg.mode == MODE_WRITEBACK &&
         plug.cfg.direct == DIRECT_AUTO)
-      engine_set_direct_rule (eng, i, ENG_DIRECT_LARGE);
+      engine_set_direct_rule (plug.eng, i, ENG_DIRECT_LARGE);
   return 0;
 }
 
@@ -371,12 +374,13 @@ plugin_get_ready (void)
       nbdkit_error ("%s", layout_strerror (why));
     return -1;
   }
-  if (check_alignment () == -1 || make_engine () == -1)
+  if (check_alignment () == -1 ||
+      request_init (plug.cfg.lim.max_bytes, &plug.layout,
+                    plug.backings) == -1 ||
+      make_engine () == -1)
     return -1;
-  if (request_init (plug.cfg.lim.max_bytes, &plug.layout,
-                    plug.backings) == -1)
-    return -1;
-  glue_init (plug.backings);
+  /* Each room gets what it needs of the handle. */
+  glue_init (plug.eng, plug.backings);
   statsfile_init (&(struct statsfile_setup) {
       .path = plug.cfg.statsfile,
       .mode = plug.cfg.mode,
@@ -386,6 +390,7 @@ plugin_get_ready (void)
       .start_ns = start_ns,
     });
   return conns_init (&(struct conns_setup) {
+      .eng = plug.eng,
       .layout = &plug.layout,
       .backings = plug.backings,
       .mode = plug.cfg.mode,
