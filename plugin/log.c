@@ -10,6 +10,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -34,33 +35,52 @@ allow (struct ratelimit *rl, pthread_mutex_t *lock, uint64_t interval_ns,
   return ok;
 }
 
+/* The message of fmt, its %m being err: in buf (len bytes) if it
+ * fits, else malloc'd in *heap, else (no memory: a backend may be
+ * failing for lack of it) as much as fits in buf.
+ */
+static const char *
+format (char *buf, size_t len, char **heap, int err,
+        const char *fmt, va_list ap)
+{
+  va_list ap2;
+  int n;
+
+  va_copy (ap2, ap);
+  errno = err;
+  n = vsnprintf (buf, len, fmt, ap);
+  errno = err;
+  if (n >= 0 && (size_t) n >= len) {
+    if (vasprintf (heap, fmt, ap2) == -1)
+      *heap = NULL;             /* Undefined after a failure. */
+  }
+  va_end (ap2);
+  return *heap ? *heap : buf;
+}
+
 bool
 log_error_every (struct ratelimit *rl, pthread_mutex_t *lock,
                  uint64_t interval_ns, const char *fmt, ...)
 {
   int err = errno;
   uint64_t suppressed;
-  char *msg = NULL;
+  char buf[512], *heap = NULL;
+  const char *msg;
   va_list ap;
-  int r;
 
   if (!allow (rl, lock, interval_ns, &suppressed)) {
     errno = err;
     return false;
   }
-  errno = err;                  /* For the %m of fmt. */
   va_start (ap, fmt);
-  r = vasprintf (&msg, fmt, ap);
+  msg = format (buf, sizeof buf, &heap, err, fmt, ap);
   va_end (ap);
-  if (r == -1)
-    /* Still say that something failed, and how. */
-    nbdkit_error ("%s", fmt);
-  else if (suppressed > 0)
+  if (suppressed > 0)
     nbdkit_error ("%s (and %" PRIu64 " more since the last message)",
                   msg, suppressed);
   else
     nbdkit_error ("%s", msg);
-  free (msg);
+  free (heap);
   errno = err;
   return true;
 }
