@@ -30,6 +30,25 @@
 pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
 struct engine *eng;
 
+/* The backing files, borrowed from the entry (glue_init): read-only
+ * until .unload.
+ */
+static struct backing *backings;
+
+void
+glue_init (struct engine *e, struct backing *b)
+{
+  eng = e;
+  backings = b;
+}
+
+void
+glue_fini_locked (void)
+{
+  eng = NULL;
+  backings = NULL;
+}
+
 /* Futex words of the waiter groups: static, so that a waker may touch
  * a word after its waiters (and their connection) are gone.  Groups
  * that share a word only share wake-ups.

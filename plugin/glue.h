@@ -41,8 +41,20 @@
 #include "engine.h"
 
 extern pthread_mutex_t eng_lock;
-extern struct engine *eng;      /* Owned: made in .get_ready, freed in
-                                 * .unload.  Protected by eng_lock. */
+/* The engine, borrowed from the entry (glue_init) until .unload.
+ * Protected by eng_lock.  Read here and by loop.c, which still reads
+ * it instead of receiving it at start.
+ */
+extern struct engine *eng;
+
+struct backing;
+
+/* The engine whose actions glue carries out and the backing files of
+ * its runs and syncs ([the engine's nr_backings]), borrowed from the
+ * entry (.get_ready) until glue_fini_locked (.unload, eng_lock held).
+ */
+extern void glue_init (struct engine *e, struct backing *backings);
+extern void glue_fini_locked (void);
 
 /* A worker waiting for its request's answer: lives on its stack until
  * it is answered.
