@@ -172,7 +172,6 @@ static char *statsfile;                      /* Owned. */
 
 static pthread_mutex_t stats_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct plug_stats stats_total;        /* Protected by stats_lock. */
-static uint64_t inject_counter;              /* Atomic. */
 
 uint64_t
 now_ns (void)
@@ -181,15 +180,6 @@ now_ns (void)
 
   clock_gettime (CLOCK_MONOTONIC, &ts);
   return ts.tv_sec * 1000000000ULL + ts.tv_nsec;
-}
-
-bool
-inject_eagain (void)
-{
-  int n = plug_debug_inject_eagain;
-
-  return n > 0 &&
-    __atomic_add_fetch (&inject_counter, 1, __ATOMIC_RELAXED) % n == 0;
 }
 
 static uint64_t start_ns;                    /* .get_ready's now_ns. */
@@ -1036,6 +1026,22 @@ plugin_get_ready (void)
   CLEANUP_FREE uint64_t *sizes = NULL;
   enum layout_error why;
   size_t i, bad;
+  const struct backing_params bparams = {
+    .lock = !cfg.shared,
+    .remote = {
+      .max_conns = cfg.remote_connections,
+      .retry = cfg.retry,
+      .connect_timeout_ns = cfg.connect_timeout_ns,
+      .connect_retry_ns = cfg.connect_retry_ns,
+      .connect_timeout_text = cfg.connect_timeout_text,
+      .connect_retry_text = cfg.connect_retry_text,
+      .lost = glue_record_lost,
+    },
+    .inject = {
+      .eagain_every = plug_debug_inject_eagain,
+      .delay_us = plug_debug_backend_delay_us,
+    },
+  };
 
   start_ns = now_ns ();
   if (statsfile && check_statsfile () == -1)
@@ -1052,7 +1058,7 @@ plugin_get_ready (void)
     return -1;
   }
   for (i = 0; i < files.len; ++i) {
-    if (backing_open (&backings[i], files.ptr[i]) == -1)
+    if (backing_open (&backings[i], files.ptr[i], &bparams) == -1)
       return -1;
     nr_backings++;
     sizes[i] = backings[i].size;

@@ -92,11 +92,6 @@ extern int plug_debug_backend_delay_us;
 /* Monotonic clock in nanoseconds. */
 extern uint64_t now_ns (void);
 
-/* Count one backend operation for -D plug.inject_eagain=N: returns true
- * if this one must fail with EAGAIN.  Any thread.
- */
-extern bool inject_eagain (void);
-
 struct conn;
 
 /* A connection closes: take it out of the registry, add its statistics

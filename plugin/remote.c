@@ -9,7 +9,7 @@
  * threads append to r->queue and call ev_async_send, both under
  * r->lock, so that the loop cannot go away between their decision and
  * the send; the loop decides to exit under r->lock too, and after that
- * nothing is queued any more (remote_submit takes the blocking path).
+ * nothing is queued any more (remote_issue takes the blocking path).
  *
  * Commands.  struct rcmd is one request of the plugin: a run, a read,
  * a flush, a cache or a block status.  The loop issues it on one
@@ -45,10 +45,11 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "backend.h"
 #include "cleanup.h"
-#include "glue.h"
+#include "clock.h"
+#include "engine.h"            /* eng_add_ns */
 #include "minmax.h"
-#include "plugin.h"
 #include "ratelimit.h"
 #include "remote.h"
 #include "threads.h"
@@ -89,7 +90,7 @@
  */
 #define SPARE_RETRY_NS 1000000000ULL
 #define SPARE_RETRY_MAX_NS 60000000000ULL
-/* Runs handed back to the engine under one eng_lock acquisition. */
+/* Runs handed back with one call of their done callback. */
 #define DONE_BATCH 64
 /* flushed_mark before any FLUSH succeeded. */
 #define FLUSHED_NEVER UINT64_MAX
@@ -114,7 +115,7 @@ struct rcmd {
   enum rcmd_kind kind;
 
   /* Set by the submitter; read-only afterwards. */
-  struct eng_run *run;          /* RC_RUN. */
+  struct backend_run *br;       /* RC_RUN: borrowed until its done. */
   enum plug_op op;              /* RC_RUN. */
   bool zero_by_write;           /* RC_RUN zero: the server has no zero. */
   uint32_t flags;               /* LIBNBD_CMD_FLAG_*. */
@@ -208,6 +209,7 @@ enum remote_state {
 };
 
 struct remote {
+  struct backend be;            /* First: the remote is a backend. */
   char *uri;                    /* Owned. */
   struct remote_config cfg;
   struct remote_info info;
@@ -245,8 +247,7 @@ struct remote {
   struct ratelimit short_log;
   struct rcmd *parked, **parked_tail;
   struct rcmd *done, **done_tail;
-  struct eng_run *batch_runs[DONE_BATCH];
-  int batch_errs[DONE_BATCH];
+  struct backend_run *batch_runs[DONE_BATCH];
   size_t nr_batch;
   uint64_t answers;             /* Runs answered and tracked (struct
                                  * unflushed), in the order the loop saw
@@ -279,6 +280,20 @@ struct remote {
                                  * connection is up. */
   uint64_t outage_ns;           /* Outages that ended, summed. */
 };
+
+static const struct backend_ops remote_ops;
+
+static struct remote *
+remote_of (struct backend *be)
+{
+  return (struct remote *) be;
+}
+
+struct backend *
+remote_backend (struct remote *r)
+{
+  return &r->be;
+}
 
 static void settle (struct remote *r);
 static void open_failed (struct remote *r, struct rconn *c, const char *why);
@@ -319,12 +334,6 @@ const struct remote_info *
 remote_info (const struct remote *r)
 {
   return &r->info;
-}
-
-const char *
-remote_uri (const struct remote *r)
-{
-  return r->uri;
 }
 
 /* ---- handles ---- */
@@ -504,7 +513,7 @@ static void
 connect_together (const struct remote_config *rcfg, const char *uri,
                   struct attempt *a, unsigned n)
 {
-  uint64_t deadline = eng_add_ns (now_ns (), rcfg->connect_timeout_ns);
+  uint64_t deadline = eng_add_ns (clock_now_ns (), rcfg->connect_timeout_ns);
   struct pollfd fds[REMOTE_MAX_CONNS];
   unsigned idx[REMOTE_MAX_CONNS];
   unsigned i, k;
@@ -522,7 +531,7 @@ connect_together (const struct remote_config *rcfg, const char *uri,
       attempt_check (&a[i]);
   }
   for (;;) {
-    uint64_t now = now_ns ();
+    uint64_t now = clock_now_ns ();
     int ms, r;
 
     for (i = k = 0; i < n; ++i) {
@@ -584,7 +593,7 @@ connect_together (const struct remote_config *rcfg, const char *uri,
 static struct nbd_handle *
 connect_first (const struct remote_config *rcfg, const char *uri)
 {
-  uint64_t start = now_ns ();
+  uint64_t start = clock_now_ns ();
   uint64_t give_up = eng_add_ns (start, rcfg->connect_retry_ns);
   unsigned attempts = 0;
   struct attempt a;
@@ -596,7 +605,7 @@ connect_first (const struct remote_config *rcfg, const char *uri)
     attempts++;
     if (a.state == ATTEMPT_READY)
       break;
-    now = now_ns ();
+    now = clock_now_ns ();
     delay = START_RETRY_NS << (attempts < 8 ? attempts - 1 : 7);
     delay = MIN (delay, START_RETRY_MAX_NS);
     if (rcfg->connect_retry_ns == 0 || eng_add_ns (now, delay) >= give_up) {
@@ -623,7 +632,7 @@ connect_first (const struct remote_config *rcfg, const char *uri)
   }
   if (attempts > 1)
     nbdkit_debug ("file=%s: connected at attempt %u, after %.1f s",
-                  uri, attempts, (now_ns () - start) / 1e9);
+                  uri, attempts, (clock_now_ns () - start) / 1e9);
   return a.h;
 }
 
@@ -720,6 +729,12 @@ remote_open (const char *uri, const struct remote_config *rcfg)
                 r->info.can_zero, r->info.can_fast_zero,
                 r->info.can_multi_conn, r->info.can_cache,
                 r->info.can_extents);
+  r->be.ops = &remote_ops;
+  r->be.async = true;
+  r->be.can_fua = r->info.can_fua;
+  r->be.readonly = r->info.readonly;
+  r->be.size = r->info.size;
+  r->be.min_block = r->info.min_block;
   return r;
 
  err:
@@ -1024,7 +1039,7 @@ static void
 unflushed_add (struct remote *r, struct rconn *c, const struct rcmd *cmd)
 {
   const struct unflushed u = {
-    .backing = cmd->run->run->backing,
+    .backing = cmd->br->run->backing,
     .offset = cmd->offset,
     .end = cmd->offset + cmd->count,
     .seq_lo = cmd->seq_lo,
@@ -1118,7 +1133,7 @@ note_answered (struct remote *r, struct rconn *c, const struct rcmd *cmd)
 static void
 record_lost (struct remote *r, struct rconn *c, const char *event)
 {
-  struct glue_lost lost[UNFLUSHED_MAX];
+  struct backend_lost lost[UNFLUSHED_MAX];
   uint64_t lo = UINT64_MAX, hi = 0;
   unsigned i, n = c->nr_unflushed;
   char wide[128] = "";
@@ -1140,7 +1155,7 @@ record_lost (struct remote *r, struct rconn *c, const char *event)
     lo = MIN (lo, u->offset);
     hi = MAX (hi, u->end);
   }
-  glue_record_lost (lost, n, EIO);
+  r->cfg.lost (lost, n, EIO);
   __atomic_add_fetch (&r->losses, 1, __ATOMIC_SEQ_CST);
   nbdkit_error ("file=%s: connection %u: %s, with writes the server had "
                 "answered and no FLUSH had covered: %u range%s in [%"
@@ -1216,7 +1231,7 @@ run_blocking (struct remote *r, struct rcmd *cmd)
   int err = issue_blocking (r, cmd);
 
   if (cmd->kind == RC_RUN && err == 0 && cmd->nr_segs > 1)
-    STATS_ADD (engine_run_stats (cmd->run)->backend[STATS_B_WRITE].ops,
+    STATS_ADD (cmd->br->stats->backend[STATS_B_WRITE].ops,
                cmd->nr_segs - 1);       /* As finish_done. */
   if (cmd->kind == RC_RUN)
     note_mutation (r, cmd, err);
@@ -1352,18 +1367,19 @@ static void
 batch_flush (struct remote *r)
 {
   if (r->nr_batch > 0)
-    glue_runs_done (r->batch_runs, r->batch_errs, r->nr_batch);
+    r->batch_runs[0]->done (r->batch_runs, r->nr_batch);
   r->nr_batch = 0;
 }
 
+/* Hand br back with err, in a batch of runs with the same callback. */
 static void
-batch_add (struct remote *r, struct eng_run *run, int err)
+batch_add (struct remote *r, struct backend_run *br, int err)
 {
-  if (r->nr_batch == DONE_BATCH)
+  if (r->nr_batch == DONE_BATCH ||
+      (r->nr_batch > 0 && r->batch_runs[0]->done != br->done))
     batch_flush (r);
-  r->batch_runs[r->nr_batch] = run;
-  r->batch_errs[r->nr_batch] = err;
-  r->nr_batch++;
+  br->err = err;
+  r->batch_runs[r->nr_batch++] = br;
 }
 
 /* ---- the loop thread: issuing ---- */
@@ -1438,7 +1454,7 @@ static void
 park (struct remote *r, struct rcmd *cmd)
 {
   if (cmd->deadline_ns == 0)
-    cmd->deadline_ns = eng_add_ns (now_ns (), r->cfg.retry.timeout_ns);
+    cmd->deadline_ns = eng_add_ns (clock_now_ns (), r->cfg.retry.timeout_ns);
   cmd->next = NULL;
   *r->parked_tail = cmd;
   r->parked_tail = &cmd->next;
@@ -1451,7 +1467,7 @@ park (struct remote *r, struct rcmd *cmd)
 static bool
 retry_later (struct remote *r, struct rcmd *cmd)
 {
-  uint64_t now = now_ns ();
+  uint64_t now = clock_now_ns ();
 
   if (cmd->deadline_ns == 0)
     cmd->deadline_ns = eng_add_ns (now, r->cfg.retry.timeout_ns);
@@ -1583,15 +1599,15 @@ finish_done (struct remote *r)
        * one per segment.
        */
       if (err == 0 && cmd->nr_segs > 1)
-        STATS_ADD (engine_run_stats (cmd->run)->backend[STATS_B_WRITE].ops,
+        STATS_ADD (cmd->br->stats->backend[STATS_B_WRITE].ops,
                    cmd->nr_segs - 1);
       /* The engine counts one "not now" for the run: the server gave
        * one per command it refused.
        */
       if (retry_is_transient (err) && cmd->nr_errors > 1)
-        STATS_ADD (engine_run_stats (cmd->run)->eagain, cmd->nr_errors - 1);
+        STATS_ADD (cmd->br->stats->eagain, cmd->nr_errors - 1);
       note_mutation (r, cmd, err);
-      batch_add (r, cmd->run, err);
+      batch_add (r, cmd->br, err);
       cmd_free (cmd);
     }
     else if (cmd->kind == RC_FLUSH && cmd->err == 0 &&
@@ -1675,7 +1691,7 @@ static void
 open_failed (struct remote *r, struct rconn *c, const char *why)
 {
   unsigned up = __atomic_load_n (&r->nr_ready, __ATOMIC_SEQ_CST);
-  uint64_t now = now_ns (), delay, suppressed;
+  uint64_t now = clock_now_ns (), delay, suppressed;
   char more[64];
 
   nbdkit_debug ("file=%s: connection %u: connecting failed: %s",
@@ -1721,7 +1737,7 @@ conn_lost (struct remote *r, struct rconn *c, const char *why)
     record_lost (r, c, event);
     __atomic_add_fetch (&r->conns_lost, 1, __ATOMIC_RELAXED);
     if (__atomic_sub_fetch (&r->nr_ready, 1, __ATOMIC_SEQ_CST) == 0)
-      __atomic_store_n (&r->outage_since_ns, now_ns (), __ATOMIC_RELAXED);
+      __atomic_store_n (&r->outage_since_ns, clock_now_ns (), __ATOMIC_RELAXED);
     if (!r->outage_logged && !r->stopping)
       nbdkit_error ("file=%s: connection lost (%s): reconnecting; writes "
                     "wait up to requeue-timeout", r->uri, why);
@@ -1746,7 +1762,7 @@ conn_lost (struct remote *r, struct rconn *c, const char *why)
   if (was == RCONN_CONNECTING)
     open_failed (r, c, why);
   else {
-    c->next_attempt_ns = eng_add_ns (now_ns (),
+    c->next_attempt_ns = eng_add_ns (clock_now_ns (),
                                      reconnect_delay (r, c->attempts));
     if (c->attempts < 64)
       c->attempts++;
@@ -1774,7 +1790,7 @@ start_connect (struct remote *r, struct rconn *c)
   struct nbd_handle *h = new_handle ();
 
   if (r->differs)
-    r->probe_at_ns = eng_add_ns (now_ns (), differs_delay (r));
+    r->probe_at_ns = eng_add_ns (clock_now_ns (), differs_delay (r));
 
   if (h == NULL || nbd_aio_connect_uri (h, r->uri) == -1) {
     open_failed (r, c, nbd_get_error ());
@@ -1785,7 +1801,7 @@ start_connect (struct remote *r, struct rconn *c)
   c->fd = nbd_aio_get_fd (h);
   c->state = RCONN_CONNECTING;
   c->connect_deadline_ns =
-    eng_add_ns (now_ns (), r->cfg.connect_timeout_ns);
+    eng_add_ns (clock_now_ns (), r->cfg.connect_timeout_ns);
 }
 
 /* A reconnect finished its handshake.  Returns false if the export is
@@ -1794,7 +1810,7 @@ start_connect (struct remote *r, struct rconn *c)
 static bool
 conn_ready (struct remote *r, struct rconn *c)
 {
-  uint64_t now = now_ns (), suppressed;
+  uint64_t now = clock_now_ns (), suppressed;
   unsigned up;
   char why[256], more[64];
 
@@ -1873,7 +1889,7 @@ rearm (struct remote *r)
   if (d == UINT64_MAX)
     return;
   ev_now_update (r->loop);
-  now = now_ns ();
+  now = clock_now_ns ();
   ev_timer_set (&r->timer, d > now ? (d - now) / 1e9 : 0., 0.);
   ev_timer_start (r->loop, &r->timer);
 }
@@ -1933,7 +1949,7 @@ settle (struct remote *r)
   if (r->stopping && loop_idle (r)) {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&r->lock);
 
-    /* Nothing is queued after this: remote_submit sees R_STOPPED. */
+    /* Nothing is queued after this: remote_issue sees R_STOPPED. */
     if (r->queue == NULL) {
       r->state = R_STOPPED;
       for (i = 0; i < r->info.nr_conns; ++i)
@@ -1973,7 +1989,7 @@ static void
 timer_cb (struct ev_loop *loop, ev_timer *w, int revents)
 {
   struct remote *r = w->data;
-  uint64_t now = now_ns ();
+  uint64_t now = clock_now_ns ();
   struct rcmd **pp, *cmd;
   unsigned i;
 
@@ -2035,7 +2051,7 @@ kick_cb (struct ev_loop *loop, ev_async *w, int revents)
     r->queue_tail = &r->queue;
     if (r->state == R_STOPPING && !r->stopping) {
       r->stopping = true;
-      r->stop_deadline_ns = eng_add_ns (now_ns (), r->cfg.retry.timeout_ns);
+      r->stop_deadline_ns = eng_add_ns (clock_now_ns (), r->cfg.retry.timeout_ns);
     }
   }
   while ((cmd = list) != NULL) {
@@ -2182,46 +2198,41 @@ run_segments (struct rcmd *cmd, const struct plug_run *run, size_t max_segs)
   return true;
 }
 
-bool
-remote_submit (struct remote *r, struct eng_run *er, int *err)
+/* backend_ops.issue: queue br for the loop (BACKEND_PENDING), or its
+ * result at once: 0 (nothing to send: a trim the server cannot do,
+ * which is advisory), ENOTSUP (a fast zero the server cannot do fast),
+ * EAGAIN (no connection is up), ENOMEM, or the result of the blocking
+ * path (the loop is not running).
+ */
+static int
+remote_issue (struct backend *be, struct backend_run *br)
 {
-  const struct plug_run *run = er->run;
+  struct remote *r = remote_of (be);
+  const struct plug_run *run = br->run;
   struct rcmd *cmd;
   uint32_t flags = 0;
   size_t i;
+  int err;
 
-  for (i = 0; i < run->n; ++i) {
-    const struct eng_op *op = run->reqs[i]->opaque;
-
-    /* A member's client waits for "persisted": NBD's FUA on the
-     * command, where the server has it (conn.c then skips the FLUSH
-     * that emulates it elsewhere).
-     */
-    if ((op->flags & ENG_F_FUA) && r->info.can_fua)
-      flags |= LIBNBD_CMD_FLAG_FUA;
-  }
-  /* The FLUSH that made it would flush the server after it: FUA on the
-   * run itself saves that round trip (see struct eng_run).
+  /* The caller asks for FUA (a member's client waits for "persisted",
+   * or the FLUSH that made it would flush the server after it) only
+   * where the server has it (be.can_fua).
    */
-  if (er->flush_fua && r->info.can_fua)
+  if (br->flags & BACKEND_RUN_FUA)
     flags |= LIBNBD_CMD_FLAG_FUA;
   switch (run->op) {
   case PLUG_OP_WRITE:
     break;
   case PLUG_OP_TRIM:
     /* Advisory: a server without trim keeps the data, as allowed. */
-    if (!r->info.can_trim) {
-      *err = 0;
-      return false;
-    }
+    if (!r->info.can_trim)
+      return 0;
     break;
   case PLUG_OP_ZERO:
     if (run->flags & PLUG_F_FAST) {
       /* "MUST fail quickly with NBD_ENOTSUP" unless it is fast. */
-      if (!r->info.can_fast_zero) {
-        *err = ENOTSUP;
-        return false;
-      }
+      if (!r->info.can_fast_zero)
+        return ENOTSUP;
       flags |= LIBNBD_CMD_FLAG_FAST_ZERO;
     }
     if (!(run->flags & PLUG_F_MAY_TRIM) && r->info.can_zero)
@@ -2229,17 +2240,13 @@ remote_submit (struct remote *r, struct eng_run *er, int *err)
     break;
   }
   /* Down: "not now" at once, without a trip through the loop. */
-  if (__atomic_load_n (&r->nr_ready, __ATOMIC_SEQ_CST) == 0) {
-    *err = EAGAIN;
-    return false;
-  }
+  if (__atomic_load_n (&r->nr_ready, __ATOMIC_SEQ_CST) == 0)
+    return EAGAIN;
 
   cmd = cmd_new (RC_RUN);
-  if (cmd == NULL) {
-    *err = ENOMEM;
-    return false;
-  }
-  cmd->run = er;
+  if (cmd == NULL)
+    return ENOMEM;
+  cmd->br = br;
   cmd->op = run->op;
   cmd->flags = flags;
   cmd->offset = run->offset;
@@ -2264,17 +2271,16 @@ remote_submit (struct remote *r, struct eng_run *er, int *err)
     p = cmd->bounce = malloc (run->count);
     if (p == NULL) {
       cmd_free (cmd);
-      *err = ENOMEM;
-      return false;
+      return ENOMEM;
     }
     for (i = 0; i < run->n; ++i) {
       memcpy (p, run->reqs[i]->buf, run->reqs[i]->count);
       p += run->reqs[i]->count;
     }
-    STATS_ADD (engine_run_stats (er)->bytes_copied, run->count);
+    STATS_ADD (br->stats->bytes_copied, run->count);
     cmd->buf = cmd->bounce;
   }
-  return enqueue (r, cmd, err);
+  return enqueue (r, cmd, &err) ? BACKEND_PENDING : err;
 }
 
 void
@@ -2420,3 +2426,75 @@ remote_stats (const struct remote *r, uint64_t now, struct stats_file_live *f)
     f->outage_ns += now - since;
   f->remote = true;
 }
+
+/* ---- the backend's blocking operations: one round trip each ---- */
+
+static int
+remote_pread (struct backend *be, void *buf, uint64_t count,
+              uint64_t offset)
+{
+  struct remote_wait w;
+
+  remote_wait_init (&w);
+  remote_start_pread (remote_of (be), &w, buf, count, offset);
+  return remote_wait (&w);
+}
+
+static int
+remote_sync (struct backend *be)
+{
+  struct remote_wait w;
+
+  if (be->readonly)
+    return 0;
+  remote_wait_init (&w);
+  remote_start_flush (remote_of (be), &w);
+  return remote_wait (&w);
+}
+
+static int
+remote_cache (struct backend *be, uint64_t count, uint64_t offset)
+{
+  struct remote_wait w;
+
+  remote_wait_init (&w);
+  remote_start_cache (remote_of (be), &w, count, offset);
+  return remote_wait (&w);
+}
+
+static int
+remote_extent (struct backend *be, uint64_t offset, uint64_t count,
+               uint64_t *len, bool *hole)
+{
+  struct remote_extent e;
+
+  if (remote_extents (remote_of (be), offset, count, &e, 1) == -1)
+    return -1;
+  *hole = e.flags & LIBNBD_STATE_HOLE;
+  *len = e.length;
+  return 0;
+}
+
+/* Its runs overlap on the wire. */
+static bool
+remote_one_writer (const struct backend *be)
+{
+  return false;
+}
+
+static void
+remote_close_backend (struct backend *be)
+{
+  remote_close (remote_of (be));
+}
+
+static const struct backend_ops remote_ops = {
+  .name = "nbd",
+  .issue = remote_issue,
+  .pread = remote_pread,
+  .sync = remote_sync,
+  .cache = remote_cache,
+  .extent = remote_extent,
+  .one_writer = remote_one_writer,
+  .close = remote_close_backend,
+};
