@@ -3,12 +3,11 @@
  */
 
 /* plugin.h: the plugin's global state, shared by plugin.c, conn.c,
- * loop.c and backing.c.
+ * glue.c, loop.c and request.c.
  *
  * Everything here is written during configuration (.config,
  * .config_complete, .get_ready: single threaded) and read-only after
- * that, except the statistics totals (under stats_lock) and the
- * injection counter (atomic).
+ * that, except the statistics totals (under stats_lock).
  */
 #ifndef NBDPLUG_PLUGIN_H
 #define NBDPLUG_PLUGIN_H
@@ -86,8 +85,6 @@ extern size_t nr_backings;
 /* Debug flags (-D plug.NAME=N). */
 extern int plug_debug_stats;
 extern int plug_debug_unplug;
-extern int plug_debug_inject_eagain;
-extern int plug_debug_backend_delay_us;
 
 /* Monotonic clock in nanoseconds. */
 extern uint64_t now_ns (void);

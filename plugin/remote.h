@@ -45,7 +45,7 @@
  * capped exponential backoff (retry_delay() from src/retry.h,
  * requeue-delay= up to requeue-max-delay=).  A server that came back with
  * an export that differs from struct remote_info in a way the plug
- * relies on (export_differs in remote.c) is not used, and is probed
+ * relies on (export_differs in remote-conn.c) is not used, and is probed
  * slowly by one connection (DIFFERS_RETRY_NS).  A connection that
  * cannot be opened while another to the same server works is tried
  * again rarely (SPARE_RETRY_NS): the server is served on the others.
