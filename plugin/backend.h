@@ -113,7 +113,8 @@ struct backend {
   const struct backend_ops *ops;
   bool async;                   /* issue may return BACKEND_PENDING. */
   bool can_fua;                 /* Honours BACKEND_RUN_FUA. */
-  bool readonly;                /* Could only be opened read-only. */
+  bool readonly;                /* Cannot be written (a file opened
+                                 * read-only, a read-only export). */
   uint64_t size;
   uint32_t min_block;           /* Requests must be multiples of this. */
 };

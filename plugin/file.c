@@ -378,12 +378,13 @@ file_issue (struct backend *be, struct backend_run *br)
 {
   struct file *f = file_of (be);
   const struct plug_run *run = br->run;
-  int r = -1;
+  int r;
 
   switch (run->op) {
   case PLUG_OP_WRITE: r = write_run (f, run); break;
   case PLUG_OP_ZERO: r = zero_run (f, run); break;
   case PLUG_OP_TRIM: r = trim_run (f, run); break;
+  default: abort ();
   }
   return r == 0 ? 0 : errno;
 }

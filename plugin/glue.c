@@ -346,7 +346,7 @@ static backend_done_fn async_done;
  * done at once (a trim the server cannot do, no connection, no memory).
  */
 static int
-issue_async (struct backing *b, struct eng_run *r)
+issue_async (const struct backing *b, struct eng_run *r)
 {
   struct glue_job *j = malloc (sizeof *j);
   int err;
@@ -410,7 +410,7 @@ glue_perform (struct glue_actions *a, uint32_t inline_runs)
         /* The backend's thread hands it back.  Done at once: its
          * result goes to the engine now.
          */
-        err = issue_async ((struct backing *) b, r);
+        err = issue_async (b, r);
         if (err != BACKEND_PENDING)
           complete_into (a, r, err);
         continue;
