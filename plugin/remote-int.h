@@ -277,38 +277,38 @@ remote_of (struct backend *be)
   return (struct remote *) be;
 }
 
-/* remote-conn.c */
-extern uint64_t attempt_at (const struct remote *r, const struct rconn *c);
-extern void rconn_lost (struct remote *r, struct rconn *c, const char *why);
-extern bool conn_ready (struct remote *r, struct rconn *c);
-extern void start_connect (struct remote *r, struct rconn *c);
+/* remote-conn.c: the connection policy (loop thread). */
 extern void watch (struct remote *r, struct rconn *c);
+extern uint64_t attempt_at (const struct remote *r, const struct rconn *c);
+extern void start_connect (struct remote *r, struct rconn *c);
+extern bool conn_ready (struct remote *r, struct rconn *c);
+extern void rconn_lost (struct remote *r, struct rconn *c, const char *why);
 
-/* remote-cmd.c */
-extern void batch_add (struct remote *r, struct backend_run *br, int err);
-extern void batch_flush (struct remote *r);
-extern uint64_t chunk_limit (const struct remote *r, const struct rcmd *cmd);
-extern void cmd_finished (struct remote *r, struct rcmd *cmd);
-extern void cmd_free (struct rcmd *cmd);
+/* remote-cmd.c: the command model. */
 extern struct rcmd *cmd_new (enum rcmd_kind kind);
-extern bool connected (struct nbd_handle *h);
-extern int done_cb (void *user_data, int *error);
-extern void done_push (struct remote *r, struct rcmd *cmd);
-extern bool flush_is_clean (const struct remote *r);
-extern bool flush_saw_loss (struct remote *r, const struct rcmd *cmd);
+extern void cmd_free (struct rcmd *cmd);
+extern const char *kind_name (enum rcmd_kind kind);
+extern uint64_t chunk_limit (const struct remote *r, const struct rcmd *cmd);
+extern uint64_t seg_len (const struct rcmd *cmd, uint64_t off, uint64_t len);
 extern int64_t issue_one (struct remote *r, struct nbd_handle *h,
                           struct rcmd *cmd, uint64_t off, uint64_t len,
                           const nbd_completion_callback *cb);
-extern const char *kind_name (enum rcmd_kind kind);
-extern void note_flushed (struct remote *r, uint64_t mark);
+extern bool connected (struct nbd_handle *h);
+extern int done_cb (void *user_data, int *error);
+extern bool flush_is_clean (const struct remote *r);
 extern void note_mutation (struct remote *r, const struct rcmd *cmd, int err);
-extern void record_lost (struct remote *r, struct rconn *c,
-                         const char *event);
-extern int run_blocking (struct remote *r, struct rcmd *cmd);
-extern uint64_t seg_len (const struct rcmd *cmd, uint64_t off, uint64_t len);
-extern void sync_done (struct rcmd *cmd, int err);
+extern void note_flushed (struct remote *r, uint64_t mark);
 extern void unflushed_cover (struct remote *r, const struct rconn *fc,
                              uint64_t epoch);
+extern void record_lost (struct remote *r, struct rconn *c,
+                         const char *event);
+extern bool flush_saw_loss (struct remote *r, const struct rcmd *cmd);
+extern int run_blocking (struct remote *r, struct rcmd *cmd);
+extern void cmd_finished (struct remote *r, struct rcmd *cmd);
+extern void done_push (struct remote *r, struct rcmd *cmd);
 extern void wait_fail (struct remote_wait *w, int err);
+extern void sync_done (struct rcmd *cmd, int err);
+extern void batch_add (struct remote *r, struct backend_run *br, int err);
+extern void batch_flush (struct remote *r);
 
 #endif /* NBDPLUG_REMOTE_INT_H */
