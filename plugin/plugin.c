@@ -83,10 +83,6 @@ static struct plugin_state {
                                  * Freed under eng_lock. */
 } plug;
 
-struct config cfg;
-
-static uint64_t inject_counter;              /* Atomic. */
-
 uint64_t
 now_ns (void)
 {
@@ -94,15 +90,6 @@ now_ns (void)
 
   clock_gettime (CLOCK_MONOTONIC, &ts);
   return ts.tv_sec * 1000000000ULL + ts.tv_nsec;
-}
-
-bool
-inject_eagain (void)
-{
-  int n = plug_debug_inject_eagain;
-
-  return n > 0 &&
-    __atomic_add_fetch (&inject_counter, 1, __ATOMIC_RELAXED) % n == 0;
 }
 
 /* Server exit.  nbdkit 1.32 can reach .cleanup while a connection
@@ -186,10 +173,7 @@ plugin_config (const char *key, const char *value)
 static int
 plugin_config_complete (void)
 {
-  if (config_complete (&plug.cfg) == -1)
-    return -1;
-  cfg = plug.cfg;
-  return 0;
+  return config_complete (&plug.cfg);
 }
 
 /* The engine's messages, already rate-limited (engine.h). */
@@ -336,6 +320,22 @@ plugin_get_ready (void)
   enum layout_error why;
   uint64_t start_ns = now_ns ();
   size_t i, bad;
+  const struct backing_params bparams = {
+    .lock = !plug.cfg.shared,
+    .remote = {
+      .max_conns = plug.cfg.remote_connections,
+      .retry = plug.cfg.retry,
+      .connect_timeout_ns = plug.cfg.connect_timeout_ns,
+      .connect_retry_ns = plug.cfg.connect_retry_ns,
+      .connect_timeout_text = plug.cfg.connect_timeout_text,
+      .connect_retry_text = plug.cfg.connect_retry_text,
+      .lost = glue_record_lost,
+    },
+    .inject = {
+      .eagain_every = plug_debug_inject_eagain,
+      .delay_us = plug_debug_backend_delay_us,
+    },
+  };
 
   if (plug.cfg.statsfile && statsfile_check (plug.cfg.statsfile) == -1)
     return -1;
@@ -350,7 +350,7 @@ plugin_get_ready (void)
     return -1;
   }
   for (i = 0; i < plug.cfg.nr_files; ++i) {
-    if (backing_open (&plug.backings[i], plug.cfg.files[i]) == -1)
+    if (backing_open (&plug.backings[i], plug.cfg.files[i], &bparams) == -1)
       return -1;
     plug.nr_backings++;
     sizes[i] = plug.backings[i].size;
@@ -406,8 +406,10 @@ plugin_after_fork (void)
 {
   size_t i;
 
-  if (iopool_start (plug.cfg.io_threads) == -1 || timer_start () == -1 ||
-      rescue_start () == -1)
+  uint64_t live_ns = plug.cfg.statsfile ? plug.cfg.stats_interval_ns : 0;
+
+  if (iopool_start (plug.cfg.io_threads) == -1 ||
+      timer_start (live_ns) == -1 || rescue_start () == -1)
     return -1;
   for (i = 0; i < plug.nr_backings; ++i)
     if (plug.backings[i].remote &&

@@ -31,25 +31,12 @@
  */
 #define PLUG_THREAD_LOCAL __thread __attribute__ ((tls_model ("initial-exec")))
 
-/* A copy of the entry's configuration (plugin.c), made at
- * .config_complete, for backing.c and loop.c, which still read it
- * instead of receiving their parameters at start.  No other file reads
- * it (tests/test-structure.sh).
- */
-extern struct config cfg;
-
 /* Debug flags (-D plug.NAME=N). */
 extern int plug_debug_stats;
 extern int plug_debug_unplug;
-extern int plug_debug_inject_eagain;
-extern int plug_debug_backend_delay_us;
 
 /* Monotonic clock in nanoseconds. */
 extern uint64_t now_ns (void);
 
-/* Count one backend operation for -D plug.inject_eagain=N: returns true
- * if this one must fail with EAGAIN.  Any thread.
- */
-extern bool inject_eagain (void);
 
 #endif /* NBDPLUG_PLUGIN_H */
