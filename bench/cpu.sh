@@ -15,7 +15,7 @@
 # before) / fio's total_ios.  cs = the server's context switches over
 # its life (getrusage of the waited-for server, all threads) / fio's
 # total_ios: the thread regime a run fell into, which moves its CPU per
-# request (bench/README, "2026-12-07 (late morning)").
+# request.
 #
 # Servers: base = nbdkit file FILE; wb = nbdkit PLUGIN FILE (writeback,
 # defaults); hold = the same with mode=hold (4k sequential only);
@@ -40,8 +40,8 @@
 # A server that answers faster than fio sends drains the socket, and
 # nbdkit's worker threads then sleep in read() and on the connection's
 # read lock, one futex sleep and wake-up after another: nbdkit null, the
-# fastest server there is, took 0.6 voluntary context switches per 4 KiB
-# write where nbdkit file took 0.06-0.3 (2026-12-05, bench/README).  At a
+# fastest server there is, makes several times the voluntary context
+# switches per 4 KiB write that nbdkit file makes (the cs column).  At a
 # rate both servers sustain, both wait for the client alike and the
 # difference is the work per request.
 

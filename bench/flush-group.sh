@@ -3,7 +3,7 @@
 # Copyright the nbdplug authors (see LICENSE).
 
 # shellcheck disable=SC2059 # printf formats are shared variables.
-# bench/flush-group.sh: a FLUSH-heavy workload (issue 31, group commit):
+# bench/flush-group.sh: a FLUSH-heavy workload (group commit):
 # FG_CONNS (4) connections at once, each writing 4 KiB then sending a
 # FLUSH and waiting for it, FG_OPS (250) times, each in its own range of
 # the file (nbd-bench --op write --qd 1 --flush-every 1, whose last

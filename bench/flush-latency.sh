@@ -3,8 +3,8 @@
 # Copyright the nbdplug authors (see LICENSE).
 
 # shellcheck disable=SC2059 # printf formats are shared variables.
-# bench/flush-latency.sh: FLUSH latency with a sustained writer (issue 8,
-# item 2), the plug against nbdkit file + delay filter, in one run.
+# bench/flush-latency.sh: FLUSH latency with a sustained writer,
+# the plug against nbdkit file + delay filter, in one run.
 #
 # Client (flush-latency.py, python3 + libnbd): 16 x 64 KiB sequential
 # writes kept in flight for FLUSH_SECONDS (5), one FLUSH sent at 0.5 s
@@ -158,7 +158,7 @@ run_variant ()
 
 run_variant single "$BENCH_REPS" --flush-at 0.5
 [ "$FLUSH_RANDOM_REPS" -gt 0 ] && run_variant random "$FLUSH_RANDOM_REPS"
-echo "# target (issue 8): plug FLUSH latency <= max(2 x base," \
+echo "# target: plug FLUSH latency <= max(2 x base," \
      "one backend write + one sync = ~${FLUSH_DELAY_MS} ms)"
 echo "# load at end: $(load_avg)"
 exit 0

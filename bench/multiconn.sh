@@ -4,7 +4,7 @@
 
 # shellcheck disable=SC2059 # printf formats are shared variables.
 # bench/multiconn.sh: 4 connections against 1 at the same total queue
-# depth (issue 9), plug writeback and nbdkit file, on tmpfs, with fio.
+# depth, plug writeback and nbdkit file, on tmpfs, with fio.
 #
 #   1 conn: fio --numjobs=1 --iodepth=16 over the whole BENCH_SIZE
 #   4 conn: fio --numjobs=4 --iodepth=4, job i on its own 1/4 of the
@@ -130,6 +130,6 @@ done
 # shellcheck disable=SC2086
 echo "# wb / base: 1 conn $(median ${vs[1]}) ($(range ${vs[1]}))," \
      "$MC_CONNS conns $(median ${vs[$MC_CONNS]}) ($(range ${vs[$MC_CONNS]}));" \
-     "issue 9 target: wb scale >= 1.5"
+     "target: wb scale >= 1.5"
 echo "# load at end: $(load_avg)"
 exit 0

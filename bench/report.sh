@@ -260,7 +260,10 @@ start_front ()
 stop_front ()
 {
   local front=$1 rc=0 i
-  kill -TERM "$server_pid" || die "$front: cannot stop $server_pid"
+  # A front that died during its run (its status tells how) is
+  # reported with that status, not taken for a failure of the report.
+  kill -TERM "$server_pid" 2>/dev/null ||
+    echo "WARNING: $front ($server_pid) had exited before its stop" >&2
   if [ -n "$front_pid" ]; then
     wait "$front_pid" || rc=$?
     front_pid=

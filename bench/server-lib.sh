@@ -51,8 +51,8 @@ die ()
 # ru_nivcsw), then exits with its status.  /proc/PID/task/*/status
 # cannot give that sum: nbdkit's connection threads have exited by the
 # time the client is done.  Context switches per request tell which
-# thread regime a run fell into (bench/README, "2026-12-07 (late
-# morning)"), which moves CPU per request more than a plugin's work.
+# thread regime a run fell into, which moves CPU per request more than a
+# plugin's work.
 rusage_py='
 import os, sys
 pid = os.fork()

@@ -2,15 +2,16 @@
  * Copyright the nbdplug authors (see LICENSE).
  */
 
-/* backing.h: one backing file: a regular file or block device, or an
- * NBD export on a server (file=nbd://..., remote.h).
+/* backing.h: one backing file as the plumbing sees it: its backend
+ * (backend.h: a local file, file.h, or an NBD export, remote.h,
+ * maybe wrapped by the fault injector, backend-inject.h) and what the
+ * plumbing learns about it.
  *
  * The backing files are global: I/O pool threads and nbdkit workers
- * write local files, workers read them.  pread/pwrite on one fd are
- * safe from many threads.  A remote backing is never written by those
- * threads: glue.c queues its runs to its remote's loop.  In-flight
- * slots (max-inflight=, remote-queue-depth=) are counted by the
- * engine, which owns every dispatch decision.
+ * write local files, workers read them.  A remote backing is never
+ * written by those threads: glue.c issues its runs to its remote's
+ * loop.  In-flight slots (max-inflight=, remote-queue-depth=) are
+ * counted by the engine, which owns every dispatch decision.
  */
 #ifndef NBDPLUG_BACKING_H
 #define NBDPLUG_BACKING_H
@@ -18,34 +19,34 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "plug.h"
-
-struct remote;
+#include "backend.h"
+#include "backend-inject.h"
+#include "remote.h"
 
 struct backing {
   /* Read-only after plugin_get_ready. */
   const char *name;             /* Owned by nbdkit (config string) or
                                  * nbdkit_realpath result: freed at unload. */
-  struct remote *remote;        /* Owned: an NBD export, or NULL for a
-                                 * local file. */
+  struct backend *be;           /* Owned. */
+  struct remote *remote;        /* The NBD export inside be, or NULL for
+                                 * a local file. */
   uint32_t min_block;           /* Requests must be multiples of this
                                  * (a remote's minimum block size; 1). */
-  int fd;
   uint64_t size;
-  bool is_block;                /* Block device (BLKZEROOUT etc.). */
   bool readonly;                /* Could only be opened O_RDONLY. */
-  uint32_t sector;              /* Block device: logical block size. */
-
-  /* Atomic, per file: learnt at run time, only ever cleared, and only
-   * by ENOTSUP/EOPNOTSUPP (EINVAL may be about one request's range).
-   */
-  bool can_punch;               /* fallocate PUNCH_HOLE works. */
-  bool can_zero_range;          /* fallocate ZERO_RANGE works. */
 
   /* Atomic: how long its runs take to write (a moving average, ns),
    * measured by the threads that issue them (glue.c).
    */
   uint64_t run_ns;
+};
+
+/* What backing_open needs besides the name. */
+struct backing_params {
+  bool lock;                    /* Lock a local file (not lock=no). */
+  struct remote_config remote;  /* For an NBD URI. */
+  struct inject_params inject;  /* Debug flags: the injector wraps a
+                                 * local file when one is set. */
 };
 
 /* Runs of a file that take at most this long on average may be issued
@@ -64,23 +65,14 @@ extern void backing_note_run (struct backing *b, uint64_t ns);
  */
 extern bool backing_fast (const struct backing *b);
 
-/* Open the file (O_RDWR, or O_RDONLY if it cannot be written) and find
- * its size; or connect to the NBD URI (remote_is_uri) and learn what
- * the server advertises.  A local file opened read-write is locked
- * against other processes (refused if one holds a lock on it) unless
- * lock=no.  Returns 0, or -1 after nbdkit_error naming the file or
- * URI.
+/* Open the file, or connect to the NBD URI (remote_is_uri) and learn
+ * what the server advertises (file_open, remote_open).  Returns 0, or
+ * -1 after nbdkit_error naming the file or URI.
  */
-extern int backing_open (struct backing *b, const char *name);
+extern int backing_open (struct backing *b, const char *name,
+                         const struct backing_params *p)
+  __attribute__ ((__nonnull__ (1, 2, 3)));
 extern void backing_close (struct backing *b);
-
-/* Issue one run, after -D plug.backend_delay_us and
- * -D plug.inject_eagain have had their say.  Returns 0, or -1 with
- * errno (EAGAIN/ENOMEM: not now; ENOTSUP: a fast zero that cannot be
- * fast; other: real error).  Context: an I/O pool thread, or a worker
- * that unplugged or took the direct path.
- */
-extern int backing_issue_run (struct backing *b, const struct plug_run *run);
 
 /* Does the kernel let only one run of b proceed at a time?  True for a
  * local regular file: a buffered write (generic_file_write_iter, which
@@ -92,22 +84,44 @@ extern int backing_issue_run (struct backing *b, const struct plug_run *run);
  * overlap on the wire), and under -D plug.backend_delay_us, whose
  * sleep stands for a backend whose operations overlap.
  */
-extern bool backing_one_writer (const struct backing *b);
+static inline bool
+backing_one_writer (const struct backing *b)
+{
+  return b->be->ops->one_writer (b->be);
+}
 
 /* Worker-side operations (no slots: reads never sit in a plug).  On a
  * remote they are one round trip each (aio, waiting for the answer).
+ * 0, or -1 with errno.
  */
-extern int backing_pread (struct backing *b, void *buf, uint64_t count,
-                          uint64_t offset);
-extern int backing_sync (struct backing *b);
-extern int backing_cache (struct backing *b, uint64_t count,
-                          uint64_t offset);
+static inline int
+backing_pread (struct backing *b, void *buf, uint64_t count,
+               uint64_t offset)
+{
+  return b->be->ops->pread (b->be, buf, count, offset);
+}
+
+static inline int
+backing_sync (struct backing *b)
+{
+  return b->be->ops->sync (b->be);
+}
+
+static inline int
+backing_cache (struct backing *b, uint64_t count, uint64_t offset)
+{
+  return b->be->ops->cache (b->be, count, offset);
+}
 
 /* Is [offset, offset+count) data or a hole?  Sets *len to the length of
  * the leading extent of one kind and *hole.  Returns 0 or -1 with errno.
  */
-extern int backing_extent (struct backing *b, uint64_t offset,
-                           uint64_t count, uint64_t *len, bool *hole);
+static inline int
+backing_extent (struct backing *b, uint64_t offset, uint64_t count,
+                uint64_t *len, bool *hole)
+{
+  return b->be->ops->extent (b->be, offset, count, len, hole);
+}
 
 /* Is [offset, offset+count) of b aligned to what b accepts (a remote's
  * minimum block size)?  If not: nbdkit_error naming the file and the

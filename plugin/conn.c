@@ -28,9 +28,13 @@
 #include "conn.h"
 #include "glue.h"
 #include "layout.h"
+#include "log.h"
 #include "plugin.h"
 #include "remote.h"
-#include "ratelimit.h"
+#include "statsfile.h"
+
+/* Given by the entry at start (conns_init): read-only after that. */
+static struct conns_setup setup;
 
 static uint64_t next_conn_id;
 
@@ -44,19 +48,8 @@ static void
 request_error (const char *what)
 {
   int err = errno;
-  uint64_t suppressed;
-  bool allow;
 
-  {
-    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&errlog_lock);
-    allow = ratelimit_allow (&errlog, now_ns (), &suppressed);
-  }
-  errno = err;
-  if (allow && suppressed > 0)
-    nbdkit_error ("%s: %m (and %" PRIu64 " more since the last message)",
-                  what, suppressed);
-  else if (allow)
-    nbdkit_error ("%s: %m", what);
+  log_error_limited (&errlog, &errlog_lock, "%s: %m", what);
   /* nbdkit sends the errno to the client either way. */
   nbdkit_set_error (err);
   errno = err;
@@ -102,152 +95,6 @@ conns_open (void)
   return nr_conns;
 }
 
-/* Pieces of a request mapped on the stack; more files take malloc. */
-#define STACK_PIECES 16
-
-/* A request for [offset, offset+count) of the export, with one piece per
- * backing file it touches (layout_map_files): a 4 GiB zero over two
- * striped files is two pieces, not one per stripe unit, so that what
- * the engine does for it under eng_lock (add, sort, merge, look for
- * overlaps) is bounded by the number of files, whatever the client
- * sent.  count 0 (FLUSH, CLOSE, SHUTDOWN): no pieces.  room: bytes for
- * a copy of the data in the same block (0: none).  The pieces' data
- * is set later (request_set_data).  Returns NULL after nbdkit_error.
- */
-static struct request *
-request_new (enum eng_kind kind, uint64_t offset, uint64_t count,
-             uint32_t flags, size_t room)
-{
-  struct layout_piece stack[STACK_PIECES], *lp = stack;
-  struct layout_iter it;
-  struct request *r;
-  size_t n = 0, i;
-  uint32_t pflags = 0;
-
-  if (count > 0) {
-    /* nbdkit checks bounds too, but the layout never trusts its caller. */
-    if (layout_iter_init (&it, &layout, offset, count) == -1) {
-      nbdkit_error ("request beyond the end of the export: offset %" PRIu64
-                    " count %" PRIu64 " size %" PRIu64,
-                    offset, count, layout.size);
-      errno = EINVAL;
-      return NULL;
-    }
-    n = layout_nr_file_pieces (&layout, offset, count);
-  }
-  /* The cap of the engine's work per request: one piece per file. */
-  assert (n <= layout.nr);
-  if (n > STACK_PIECES && (lp = malloc (n * sizeof *lp)) == NULL) {
-    nbdkit_error ("malloc: %m");
-    return NULL;
-  }
-  if (n > 0) {
-    size_t mapped;
-    int ret = layout_map_files (&layout, offset, count, lp, &mapped);
-
-    assert (ret == 0 && mapped == n);
-    (void) ret;
-  }
-  r = request_alloc (n, room);
-  if (r == NULL) {
-    nbdkit_error ("calloc: %m");
-    goto out;
-  }
-  r->op.kind = kind;
-  r->op.flags = flags;
-  r->op.offset = offset;
-  r->op.count = count;
-  r->op.nr_pieces = n;
-  r->op.pieces = r->pieces;
-  if (flags & ENG_F_MAY_TRIM)
-    pflags |= PLUG_F_MAY_TRIM;
-  if (flags & ENG_F_FAST)
-    pflags |= PLUG_F_FAST;
-
-  for (i = 0; i < n; ++i) {
-    struct plug_piece *p = &r->pieces[i];
-
-    /* Reads are checked by conn_pread; a barrier for block status may
-     * be misaligned (that answer is "data" then).  A piece starts
-     * where the request enters its file and ends where it leaves it,
-     * and the stripe is a multiple of every file's block size
-     * (check_stripe_alignment), so it is aligned when the request is.
-     */
-    if (kind <= ENG_TRIM &&
-        !backing_aligned (&backings[lp[i].backing], kind == ENG_WRITE ?
-                          "write" : kind == ENG_ZERO ? "zero" : "trim",
-                          lp[i].offset, lp[i].count)) {
-      request_free (&r->op);
-      r = NULL;
-      goto out;
-    }
-
-    p->op = kind <= ENG_TRIM ? (enum plug_op) kind : PLUG_OP_WRITE;
-    p->flags = pflags;
-    p->backing = lp[i].backing;
-    p->offset = lp[i].offset;
-    p->count = lp[i].count;
-    p->buf = NULL;
-  }
- out:
-  if (lp != stack)
-    free (lp);
-  return r;
-}
-
-/* Point each piece at its bytes in data (NULL for zero and trim).  The
- * pieces' bytes follow each other in data, in the pieces' order:
- * where the client put them when the pieces tile the request, and in
- * a gathered copy otherwise (request_copy_data).
- */
-static void
-request_set_data (struct request *r, const char *data)
-{
-  uint64_t off = 0;
-  size_t i;
-
-  for (i = 0; i < r->op.nr_pieces; ++i) {
-    r->pieces[i].buf = data ? data + off : NULL;
-    off += r->pieces[i].count;
-  }
-}
-
-/* Are a write's bytes for each file scattered over the client's
- * buffer (striped, longer than one row of units)?  Then every mode
- * writes from a copy gathered file by file: one pwrite per file, and
- * the pieces stay one per file.
- */
-static bool
-request_needs_gather (uint64_t offset, uint64_t count)
-{
-  return layout_range_scattered (&layout, offset, count);
-}
-
-/* Copy data (as the client sent it) into r's room, piece after piece,
- * and point the pieces at the copy.
- */
-static void
-request_copy_data (struct request *r, const char *data)
-{
-  char *d;
-  size_t i;
-
-  r->copy = request_room (r);
-  if (!request_needs_gather (r->op.offset, r->op.count))
-    memcpy (r->copy, data, r->op.count);
-  else
-    for (i = 0, d = r->copy; i < r->op.nr_pieces; d += r->pieces[i++].count) {
-      const struct layout_piece lp = {
-        .backing = r->pieces[i].backing,
-        .offset = r->pieces[i].offset,
-        .count = r->pieces[i].count,
-      };
-
-      layout_gather_piece (&layout, r->op.offset, &lp, data, d);
-    }
-  request_set_data (r, r->copy);
-}
-
 /* The statistics of the pieces made for a request of c. */
 static void
 count_pieces (struct conn *c, const struct request *r)
@@ -285,7 +132,7 @@ worker_exit (void *vc)
     pthread_cond_signal (&c->gate_cond);
   }
   if (c->ec)
-    engine_conn_set_workers (eng, c->ec, c->nr_workers, now_ns (), &a.eng);
+    engine_conn_set_workers (setup.eng, c->ec, c->nr_workers, now_ns (), &a.eng);
   glue_end_locked (&a);
   pthread_mutex_unlock (&eng_lock);
   glue_perform (&a, GLUE_INLINE_ONE);
@@ -338,7 +185,7 @@ note_worker (struct conn *c)
       c->cap_workers = cap;
     }
     c->workers[c->nr_workers++] = pthread_self ();
-    engine_conn_set_workers (eng, c->ec, c->nr_workers, now_ns (), &a.eng);
+    engine_conn_set_workers (setup.eng, c->ec, c->nr_workers, now_ns (), &a.eng);
     glue_end_locked (&a);
   }
   pthread_setspecific (worker_key, c);
@@ -398,7 +245,7 @@ submit_wait (struct conn *c, struct request *r)
   r->op.waiter = &w;
   glue_begin (&a);
   pthread_mutex_lock (&eng_lock);
-  ret = engine_submit (eng, c ? c->ec : NULL, &r->op, now_ns (), &a.eng);
+  ret = engine_submit (setup.eng, c ? c->ec : NULL, &r->op, now_ns (), &a.eng);
   acked = r->op.acked;          /* r may be freed once we unlock. */
   /* A write copied after all (submit_mutation): its thread's next one
    * is expected to be plugged and copied too.
@@ -450,10 +297,10 @@ wants_arena (void)
 {
   size_t i;
 
-  if (cfg.mode != MODE_WRITEBACK)
+  if (setup.mode != MODE_WRITEBACK)
     return false;
-  for (i = 0; i < nr_backings; ++i)
-    if (backings[i].remote)
+  for (i = 0; i < setup.layout->nr; ++i)
+    if (setup.backings[i].remote)
       return true;
   return false;
 }
@@ -487,7 +334,7 @@ conn_open (void)
   c->opened_ns = now_ns ();
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
-    c->ec = engine_conn_open (eng, &c->stats);
+    c->ec = engine_conn_open (setup.eng, &c->stats);
     /* Under the lock: the timer thread may unplug c from now on. */
     if (c->ec) {
       engine_conn_set_id (c->ec, c->id);
@@ -529,7 +376,7 @@ conn_close (struct conn *c)
     nbdkit_error ("connection %" PRIu64 ": close: %m", c->id);
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
-    engine_conn_free (eng, c->ec);
+    engine_conn_free (setup.eng, c->ec);
     c->ec = NULL;
     timer_stats_conns_locked (-1);
   }
@@ -568,8 +415,9 @@ static pthread_mutex_t exit_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t exit_cond = PTHREAD_COND_INITIALIZER;
 
 int
-conns_init (void)
+conns_init (const struct conns_setup *s)
 {
+  setup = *s;
   exit_req = request_new (ENG_SHUTDOWN, 0, 0, 0, 0);
   if (exit_req == NULL) {
     nbdkit_error ("no memory for the exit's request: %m");
@@ -689,8 +537,8 @@ conns_live (struct stats_report *r, struct stats_file_live *files,
   for (c = conns, i = 0; c != NULL; c = c->reg_next, ++i)
     if (c->ec)
       engine_conn_snapshot (c->ec, &live[i]);
-  if (eng)
-    engine_snapshot (eng, r, files);
+  if (setup.eng)
+    engine_snapshot (setup.eng, r, files);
   pthread_mutex_unlock (&eng_lock);
   r->nr_conns = nr_conns;
   *out = live;
@@ -711,7 +559,7 @@ static PLUG_THREAD_LOCAL bool last_plugged;
 static bool
 needs_copy (const void *data, uint32_t flags)
 {
-  return data && cfg.mode == MODE_WRITEBACK && !(flags & ENG_F_FUA);
+  return data && setup.mode == MODE_WRITEBACK && !(flags & ENG_F_FUA);
 }
 
 /* Room to ask for in the request's block: a copy of the data, made
@@ -725,32 +573,7 @@ speculate_room (const void *data, uint32_t flags, uint32_t count)
 {
   if (!needs_copy (data, flags))
     return 0;
-  return cfg.direct == DIRECT_NEVER || last_plugged ? count : 0;
-}
-
-/* r, a write whose data is still nbdkit's buffer, moved into a block
- * with room for a copy of it: recycled like every other block, where a
- * buffer of its own would go back to malloc, which trims its heap and
- * faults the pages in again at the next one.  r is freed.  Returns the
- * new block, or NULL after nbdkit_error (r freed too).
- */
-static struct request *
-request_with_copy (struct conn *c, struct request *r, const void *data)
-{
-  struct request *n = request_alloc (r->op.nr_pieces, r->op.count);
-
-  if (n == NULL) {
-    nbdkit_error ("malloc: %m");
-    request_free (&r->op);
-    return NULL;
-  }
-  n->op = r->op;
-  n->op.pieces = n->pieces;
-  memcpy (n->pieces, r->pieces, r->op.nr_pieces * sizeof *n->pieces);
-  request_copy_data (n, data);
-  STATS_ADD (c->stats.bytes_copied, n->op.count);
-  request_free (&r->op);
-  return n;
+  return setup.direct == DIRECT_NEVER || last_plugged ? count : 0;
 }
 
 /* Submit a write, zero or trim (data: nbdkit's buffer for a write).  A
@@ -769,37 +592,22 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   struct waiter w;
   bool direct = false, submitted = false, acked = false;
   bool copy = needs_copy (data, r->op.flags);
-  bool gather = data && request_needs_gather (r->op.offset, r->op.count);
-  bool copied = r->copy != NULL ||
-                ((copy || gather) && r->room >= r->op.count);
+  /* Copied before the lock (into an arena, or speculate_room): whether
+   * the write goes direct or into the plug, one acquisition decides
+   * and submits.
+   */
+  bool copied = r->copy != NULL;
   uint64_t now;
   int ret = 0;
 
-  /* conn_pwrite gave a scattered write its room. */
-  assert (!gather || copied);
   note_worker (c);
-  if (copied) {
-    /* Copied before the lock (into an arena, or speculate_room): whether
-     * the write goes direct or into the plug, one acquisition decides
-     * and submits.
-     */
-    if (r->copy == NULL) {
-      request_copy_data (r, data);
-      STATS_ADD (c->stats.bytes_copied, r->op.count);
-    }
-    else
-      request_set_data (r, r->copy);
-  }
-  else
-    request_set_data (r, data);
-
   glue_waiter_init (&w, c->id);
   r->op.waiter = &w;
   glue_begin (&a);
   pthread_mutex_lock (&eng_lock);
   now = now_ns ();
-  if (cfg.direct != DIRECT_NEVER)
-    direct = engine_try_direct (eng, c->ec, &r->op, now, &a.eng);
+  if (setup.direct != DIRECT_NEVER)
+    direct = engine_try_direct (setup.eng, c->ec, &r->op, now, &a.eng);
   if (!direct && (copied || !copy)) {
     /* Writeback acknowledges at once: the data must be our own copy,
      * since nbdkit reuses its buffer once we return.  (On the direct
@@ -807,7 +615,7 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
      */
     if (copied && copy)
       r->op.bytes = r->op.count;
-    ret = engine_submit (eng, c->ec, &r->op, now, &a.eng);
+    ret = engine_submit (setup.eng, c->ec, &r->op, now, &a.eng);
     acked = r->op.acked;        /* r may be reused once we unlock. */
     submitted = true;
   }
@@ -830,9 +638,10 @@ submit_mutation (struct conn *c, struct request *r, const void *data,
   }
   if (!direct && !submitted) {
     /* The direct path was expected and refused: copy now. */
-    r = request_with_copy (c, r, data);
+    r = request_with_copy (r, data);
     if (r == NULL)
       return -1;
+    STATS_ADD (c->stats.bytes_copied, r->op.count);
     r->op.bytes = r->op.count;
     ret = submit_wait (c, r);
   }
@@ -852,34 +661,30 @@ conn_pwrite (struct conn *c, const void *buf, uint32_t count,
   struct request *r;
   uint64_t start = now_ns ();
   uint32_t flags = fua ? ENG_F_FUA : 0;
-  bool gather = request_needs_gather (offset, count);
-  struct arena_chunk *chunk = NULL;
-  void *slot = NULL;
+  struct request_place place = {
+    .gather = layout_range_scattered (setup.layout, offset, count),
+  };
 
   stats_count (&c->stats.client[STATS_C_WRITE], count);
   if (fua)
     stats_count (&c->stats.client[STATS_C_FUA], count);
   /* A gathered (striped) write is not in the client's order: no slot. */
-  if (c->arena && !gather && needs_copy (buf, flags)) {
-    /* Placed by offset, copied outside the lock: the slot is ours. */
+  if (c->arena && !place.gather && needs_copy (buf, flags)) {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&c->arena_lock);
-    slot = arena_place (c->arena, offset, count, &chunk);
+    place.slot = arena_place (c->arena, offset, count, &place.chunk);
   }
-  r = request_new (ENG_WRITE, offset, count, flags,
-                   slot ? 0 : gather ? count :
-                   speculate_room (buf, flags, count));
+  if (!place.slot)
+    place.room = place.gather ? count : speculate_room (buf, flags, count);
+  /* The data's one trip: copied (or borrowed) there, before the lock. */
+  r = request_new_write (offset, count, flags, buf, &place);
   if (r == NULL) {
-    if (chunk)
-      arena_put (chunk);
+    if (place.chunk)
+      arena_put (place.chunk);
     return -1;
   }
   count_pieces (c, r);
-  if (slot) {
-    memcpy (slot, buf, count);
+  if (r->copy)
     STATS_ADD (c->stats.bytes_copied, count);
-    r->copy = slot;
-    r->chunk = chunk;
-  }
   if (submit_mutation (c, r, buf, "pwrite") == -1)
     return -1;
   stats_hist_add (&c->stats.latency[STATS_L_WRITE], now_ns () - start);
@@ -952,7 +757,7 @@ conn_barrier (struct conn *c, uint64_t offset, uint64_t count)
 
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
-    quiet = engine_quiet (eng);
+    quiet = engine_quiet (setup.eng);
   }
   if (quiet)
     return 0;
@@ -977,16 +782,17 @@ conn_pread (struct conn *c, void *buf, uint32_t count, uint64_t offset)
   int ret = 0;
 
   stats_count (&c->stats.client[STATS_C_READ], count);
-  if (layout_iter_init (&it, &layout, offset, count) == -1) {
+  if (layout_iter_init (&it, setup.layout, offset, count) == -1) {
     nbdkit_error ("pread beyond the end of the export: offset %" PRIu64
                   " count %" PRIu32, offset, count);
     errno = EINVAL;
     return -1;
   }
   while (layout_iter_next (&it, &p))
-    if (!backing_aligned (&backings[p.backing], "read", p.offset, p.count))
+    if (!backing_aligned (&setup.backings[p.backing], "read",
+                          p.offset, p.count))
       return -1;
-  layout_iter_init (&it, &layout, offset, count);
+  layout_iter_init (&it, setup.layout, offset, count);
   /* A read never returns stale data: wait for any held or in-flight
    * mutation, of any connection, acknowledged before it.
    */
@@ -997,7 +803,7 @@ conn_pread (struct conn *c, void *buf, uint32_t count, uint64_t offset)
    */
   remote_wait_init (&w);
   while (layout_iter_next (&it, &p)) {
-    struct backing *b = &backings[p.backing];
+    struct backing *b = &setup.backings[p.backing];
 
     if (b->remote == NULL)
       continue;
@@ -1005,9 +811,9 @@ conn_pread (struct conn *c, void *buf, uint32_t count, uint64_t offset)
     remote_start_pread (b->remote, &w, (char *) buf + p.buf_offset,
                         p.count, p.offset);
   }
-  layout_iter_init (&it, &layout, offset, count);
+  layout_iter_init (&it, setup.layout, offset, count);
   while (layout_iter_next (&it, &p)) {
-    struct backing *b = &backings[p.backing];
+    struct backing *b = &setup.backings[p.backing];
 
     if (b->remote)
       continue;

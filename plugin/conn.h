@@ -28,7 +28,9 @@
 #include <stdint.h>
 
 #include "arena.h"
+#include "plug-config.h"
 #include "engine.h"
+#include "layout.h"
 #include "request.h"
 #include "stats.h"
 
@@ -113,11 +115,23 @@ extern void conns_shutdown (struct plug_stats *live);
  */
 extern void conns_rescue (void);
 
-/* Allocate the exit's request (.get_ready), so that the exit cannot
- * fail for memory; free it if no exit used it (.unload).  conns_init
- * returns 0, or -1 after nbdkit_error.
+/* What the connections need of the export, given once at start. */
+struct conns_setup {
+  struct engine *eng;           /* Borrowed from the entry: the export's
+                                 * engine, called under eng_lock. */
+  const struct layout *layout;  /* Borrowed from the entry (plugin.c):
+                                 * read-only until .unload. */
+  struct backing *backings;     /* Borrowed likewise: [layout->nr]. */
+  enum plug_mode mode;
+  enum plug_direct direct;
+};
+
+/* Take s (copied) and allocate the exit's request (.get_ready, once the
+ * layout and the engine exist), so that the exit cannot fail for
+ * memory; free it if no exit used it (.unload).  conns_init returns 0,
+ * or -1 after nbdkit_error.
  */
-extern int conns_init (void);
+extern int conns_init (const struct conns_setup *s);
 extern void conns_fini (void);
 
 /* Remove c from the registry of open connections (conn_close, through

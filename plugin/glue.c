@@ -24,11 +24,29 @@
 #include "glue.h"
 #include "iopool.h"
 #include "plugin.h"
-#include "remote.h"
 #include "request.h"
 
 pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
 struct engine *eng;
+
+/* The backing files, borrowed from the entry (glue_init): read-only
+ * until .unload.
+ */
+static struct backing *backings;
+
+void
+glue_init (struct engine *e, struct backing *b)
+{
+  eng = e;
+  backings = b;
+}
+
+void
+glue_fini_locked (void)
+{
+  eng = NULL;
+  backings = NULL;
+}
 
 /* Futex words of the waiter groups: static, so that a waker may touch
  * a word after its waiters (and their connection) are gone.  Groups
@@ -203,6 +221,54 @@ sync_done_into (struct glue_actions *a, struct eng_sync *s, int err)
   pthread_mutex_unlock (&eng_lock);
 }
 
+/* A run or a sync that another thread carries out: the pool (job), or
+ * an asynchronous backend (br).  Owned by the glue: made when handed
+ * over, freed when it comes back.
+ */
+struct glue_job {
+  struct pool_job job;
+  struct backend_run br;        /* A run's, for its backend. */
+  struct eng_run *run;          /* Owned by the engine: a run, */
+  struct eng_sync *sync;        /* or a sync. */
+};
+
+static void glue_issue (struct eng_run *r, uint32_t inline_runs);
+static void glue_sync (struct eng_sync *s, uint32_t inline_runs);
+
+/* The pool's side of a job: this thread may block. */
+static void
+glue_job_run (struct pool_job *job)
+{
+  struct glue_job *j = list_entry (&job->link, struct glue_job, job.link);
+  struct eng_run *r = j->run;
+  struct eng_sync *s = j->sync;
+
+  free (j);
+  if (s != NULL)
+    glue_sync (s, GLUE_INLINE_ALL);
+  else
+    glue_issue (r, GLUE_INLINE_ALL);
+}
+
+/* Hand a run or a sync to the pool.  False if the pool is not running
+ * (or there is no memory for the job): the caller does it itself.
+ */
+static bool
+pool_submit (struct eng_run *r, struct eng_sync *s)
+{
+  struct glue_job *j = malloc (sizeof *j);
+
+  if (j == NULL)
+    return false;
+  j->job.fn = glue_job_run;
+  j->run = r;
+  j->sync = s;
+  if (iopool_submit (&j->job, s ? POOL_URGENT : POOL_NORMAL))
+    return true;
+  free (j);
+  return false;
+}
+
 /* Carry out a's syncs: in this thread if it may block (a worker, a pool
  * thread: a FLUSH's worker syncs the files itself, as before the engine
  * owned syncs), otherwise in the pool.  The ones left to this thread go
@@ -215,7 +281,7 @@ take_syncs (struct glue_actions *a, uint32_t inline_runs, list_head *mine)
 
   while ((s = list_pop (&a->eng.sync, struct eng_sync, link)) != NULL) {
     if ((inline_runs == GLUE_INLINE_NONE ||
-         inline_runs == GLUE_INLINE_FAST) && iopool_submit_sync (s))
+         inline_runs == GLUE_INLINE_FAST) && pool_submit (NULL, s))
       continue;
     list_add_head (mine, &s->link);
   }
@@ -256,22 +322,78 @@ to_pool (struct eng_run *r)
   uint64_t *pooled = &engine_run_stats (r)->pooled;
 
   STATS_ADD (*pooled, 1);
-  if (iopool_submit (r))
+  if (pool_submit (r, NULL))
     return true;
   STATS_ADD (*pooled, UINT64_MAX);      /* Not handed over after all. */
   return false;
 }
 
-/* Write local run r to b now, measuring how long it takes
- * (backing_note_run).  Returns 0 or an errno.
+/* The backend's flags for run r to b: FUA where a member's client
+ * waits for "persisted" (conn.c then skips the FLUSH that emulates it
+ * elsewhere), or where the FLUSH that made r would sync b after it
+ * (struct eng_run's flush_fua), and b can do it.
+ */
+static uint32_t
+run_flags (const struct backing *b, const struct eng_run *r)
+{
+  size_t i;
+
+  if (!b->be->can_fua)
+    return 0;
+  if (r->flush_fua)
+    return BACKEND_RUN_FUA;
+  for (i = 0; i < r->run->n; ++i) {
+    const struct eng_op *op = r->run->reqs[i]->opaque;
+
+    if (op->flags & ENG_F_FUA)
+      return BACKEND_RUN_FUA;
+  }
+  return 0;
+}
+
+/* Write run r to synchronous backend b now, measuring how long it
+ * takes (backing_note_run).  Returns 0 or an errno.
  */
 static int
 issue_timed (struct backing *b, struct eng_run *r)
 {
+  struct backend_run br = {
+    .run = r->run,
+    .flags = run_flags (b, r),
+    .stats = engine_run_stats (r),
+  };
   uint64_t t0 = now_ns ();
-  int err = backing_issue_run (b, r->run) == 0 ? 0 : errno;
+  int err = b->be->ops->issue (b->be, &br);
 
   backing_note_run (b, now_ns () - t0);
+  return err;
+}
+
+static backend_done_fn async_done;
+
+/* Hand run r to asynchronous backend b, which reports through
+ * async_done.  Returns BACKEND_PENDING, or the run's result when it is
+ * done at once (a trim the server cannot do, no connection, no memory).
+ */
+static int
+issue_async (const struct backing *b, struct eng_run *r)
+{
+  struct glue_job *j = malloc (sizeof *j);
+  int err;
+
+  if (j == NULL)
+    return ENOMEM;
+  j->run = r;
+  j->sync = NULL;
+  j->br = (struct backend_run) {
+    .run = r->run,
+    .flags = run_flags (b, r),
+    .stats = engine_run_stats (r),
+    .done = async_done,
+  };
+  err = b->be->ops->issue (b->be, &j->br);
+  if (err != BACKEND_PENDING)
+    free (j);
   return err;
 }
 
@@ -307,12 +429,12 @@ glue_perform (struct glue_actions *a, uint32_t inline_runs)
       if (r == NULL)
         break;
       b = &backings[r->run->backing];
-      if (b->remote) {
-        /* Asynchronous: the remote's loop hands it back.  Done at once
-         * (a trim the server cannot do, no connection, no memory):
-         * its result goes to the engine now.
+      if (b->be->async) {
+        /* The backend's thread hands it back.  Done at once: its
+         * result goes to the engine now.
          */
-        if (!remote_submit (b->remote, r, &err))
+        err = issue_async (b, r);
+        if (err != BACKEND_PENDING)
           complete_into (a, r, err);
         continue;
       }
@@ -345,8 +467,13 @@ glue_perform (struct glue_actions *a, uint32_t inline_runs)
   }
 }
 
-void
-glue_runs_done (struct eng_run *const *runs, const int *errs, size_t n)
+/* Runs an asynchronous backend's thread got answers for: hand each
+ * back to the engine with its result under one eng_lock acquisition,
+ * and carry out what that unblocks without blocking this thread
+ * (GLUE_INLINE_NONE).
+ */
+static void
+async_done (struct backend_run *const *runs, size_t n)
 {
   struct glue_actions a;
   uint64_t now;
@@ -356,14 +483,19 @@ glue_runs_done (struct eng_run *const *runs, const int *errs, size_t n)
   pthread_mutex_lock (&eng_lock);
   now = now_ns ();      /* Under the lock: the engine's time never
                          * goes back from one call to the next. */
-  for (i = 0; i < n; ++i)
-    engine_complete (eng, runs[i], errs[i], now, &a.eng);
+  for (i = 0; i < n; ++i) {
+    struct glue_job *j = (struct glue_job *)
+      ((char *) runs[i] - offsetof (struct glue_job, br));
+
+    engine_complete (eng, j->run, runs[i]->err, now, &a.eng);
+    free (j);
+  }
   glue_end_locked (&a);
   pthread_mutex_unlock (&eng_lock);
   glue_perform (&a, GLUE_INLINE_NONE);
 }
 
-void
+static void
 glue_sync (struct eng_sync *s, uint32_t inline_runs)
 {
   struct glue_actions a;
@@ -374,7 +506,7 @@ glue_sync (struct eng_sync *s, uint32_t inline_runs)
 }
 
 void
-glue_record_lost (const struct glue_lost *lost, size_t n, int err)
+glue_record_lost (const struct backend_lost *lost, size_t n, int err)
 {
   size_t i;
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
@@ -384,7 +516,7 @@ glue_record_lost (const struct glue_lost *lost, size_t n, int err)
                         lost[i].seq_lo, lost[i].seq_hi, err);
 }
 
-void
+static void
 glue_issue (struct eng_run *r, uint32_t inline_runs)
 {
   struct glue_actions a;

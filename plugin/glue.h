@@ -17,12 +17,13 @@
  * wait anyway, issues the runs of its unplugs to a fast local file
  * itself (backing_fast) rather than wake a pool thread for them.
  *
- * A run for a remote backing (file=nbd://...) is never issued by the
- * thread that got it: it is queued to its remote's loop (remote.h),
- * which has many commands in flight at once, and that loop hands it
- * back with glue_runs_done when the server answered.  A remote loop
- * must never block: what a completion unblocks goes to the pool (local
- * files) or back to a remote loop (remote files).
+ * A run for an asynchronous backend (backend.h: file=nbd://...) is
+ * handed to it by the thread that got it: it is queued to its
+ * remote's loop (remote.h), which has many commands in flight at once,
+ * and that loop hands it back through the run's done callback when the
+ * server answered.  A remote loop must never block: what a completion
+ * unblocks goes to the pool (local files) or back to a remote loop
+ * (remote files).
  *
  * The timer: one libev loop, owned by one thread (loop.c), arms one
  * ev_timer at engine_next_deadline().  Other threads only call
@@ -38,11 +39,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "engine.h"
 
 extern pthread_mutex_t eng_lock;
-extern struct engine *eng;      /* Owned: made in .get_ready, freed in
-                                 * .unload.  Protected by eng_lock. */
+/* The engine, borrowed from the entry (glue_init) until .unload.
+ * Protected by eng_lock.  Read here and by loop.c, which still reads
+ * it instead of receiving it at start.
+ */
+extern struct engine *eng;
+
+struct backing;
+
+/* The engine whose actions glue carries out and the backing files of
+ * its runs and syncs ([the engine's nr_backings]), borrowed from the
+ * entry (.get_ready) until glue_fini_locked (.unload, eng_lock held).
+ */
+extern void glue_init (struct engine *e, struct backing *backings);
+extern void glue_fini_locked (void);
 
 /* A worker waiting for its request's answer: lives on its stack until
  * it is answered.
@@ -112,42 +126,13 @@ extern void glue_kick_timer_locked (void);
  */
 extern void glue_perform (struct glue_actions *a, uint32_t inline_runs);
 
-/* Issue run r now, in this thread, and hand its result to the engine;
- * what that unblocks is performed with `inline_runs` as above.
+/* Acknowledged data that may be gone although its runs were answered
+ * (struct backend_lost): record n such ranges as failures with err
+ * (see engine_record_lost), under one eng_lock acquisition.  An
+ * asynchronous backend's backend_lost_fn (a remote's loop thread, when
+ * a connection that answered them died before a FLUSH covered them).
  */
-extern void glue_issue (struct eng_run *r, uint32_t inline_runs);
-
-/* Perform sync s now, in this thread (fdatasync, or an NBD FLUSH to a
- * remote and its answer), and hand its result to the engine; what that
- * unblocks is performed with `inline_runs` as above.
- */
-extern void glue_sync (struct eng_sync *s, uint32_t inline_runs);
-
-/* Runs a remote's loop thread got answers for: hand each back to the
- * engine with its result (0 or an errno: EAGAIN/ENOMEM are "not now")
- * under one eng_lock acquisition, and carry out what that unblocks
- * without blocking this thread (GLUE_INLINE_NONE).
- */
-extern void glue_runs_done (struct eng_run *const *runs, const int *errs,
-                            size_t n);
-
-/* Acknowledged data of a backing file that may be gone although its
- * runs were answered (see engine_record_lost): [offset, offset+count)
- * of backing file `backing`, last written by the mutations numbered
- * seq_lo to seq_hi.
- */
-struct glue_lost {
-  uint32_t backing;
-  uint64_t offset, count;
-  uint64_t seq_lo, seq_hi;
-};
-
-/* Record n such ranges as failures with err, under one eng_lock
- * acquisition (a remote's loop thread, when a connection that answered
- * them died before a FLUSH covered them).
- */
-extern void glue_record_lost (const struct glue_lost *lost, size_t n,
-                              int err);
+extern backend_lost_fn glue_record_lost;
 
 /* Wait for w (EINTR-safe); returns w->err. */
 extern int glue_wait (struct waiter *w);
@@ -155,7 +140,7 @@ extern int glue_wait (struct waiter *w);
 /* The timer thread (loop.c).  Start after the fork; stop and join at
  * exit.  Returns 0 or -1 after nbdkit_error.
  */
-extern int timer_start (void);
+extern int timer_start (uint64_t live_stats_interval_ns);
 extern void timer_stop (void);
 
 /* A connection opened (+1) or closed (-1): the timer thread rewrites

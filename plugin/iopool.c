@@ -16,19 +16,32 @@
 #include <nbdkit-plugin.h>
 
 #include "cleanup.h"
-#include "glue.h"
 #include "iopool.h"
 #include "threads.h"
 
 /* Protected by lock. */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
-static list_head runs = LIST_HEAD_INIT (runs);  /* By issue_link. */
-static list_head syncs = LIST_HEAD_INIT (syncs); /* By link. */
+static list_head queues[2] = {  /* [enum pool_queue]: struct pool_job. */
+  LIST_HEAD_INIT (queues[POOL_NORMAL]),
+  LIST_HEAD_INIT (queues[POOL_URGENT]),
+};
 enum pool_state { POOL_STOPPED, POOL_RUNNING, POOL_STOPPING };
 static enum pool_state state;
 static pthread_t *threads;                     /* Owned. */
 static unsigned nr_threads;
+
+/* The next job, urgent first, or NULL.  Lock held. */
+static struct pool_job *
+next_job_locked (void)
+{
+  struct pool_job *job = list_pop (&queues[POOL_URGENT], struct pool_job,
+                                   link);
+
+  if (job == NULL)
+    job = list_pop (&queues[POOL_NORMAL], struct pool_job, link);
+  return job;
+}
 
 static void *
 pool_thread (void *arg)
@@ -36,25 +49,16 @@ pool_thread (void *arg)
   thread_setup (THREAD_NAME_IO);
 
   for (;;) {
-    struct eng_run *r = NULL;
-    struct eng_sync *s = NULL;
+    struct pool_job *job;
 
     pthread_mutex_lock (&lock);
-    while (list_empty (&runs) && list_empty (&syncs) &&
-           state == POOL_RUNNING)
+    while ((job = next_job_locked ()) == NULL && state == POOL_RUNNING)
       pthread_cond_wait (&cond, &lock);
-    /* A sync first: FLUSHes wait for it, and it blocks no write. */
-    s = list_pop (&syncs, struct eng_sync, link);
-    if (s == NULL)
-      r = list_pop (&runs, struct eng_run, issue_link);
     pthread_mutex_unlock (&lock);
 
-    if (s != NULL)
-      glue_sync (s, GLUE_INLINE_ALL);
-    else if (r != NULL)
-      glue_issue (r, GLUE_INLINE_ALL);
-    else
+    if (job == NULL)
       return NULL;
+    job->fn (job);
   }
 }
 
@@ -93,25 +97,13 @@ iopool_start (unsigned n)
 }
 
 bool
-iopool_submit (struct eng_run *r)
+iopool_submit (struct pool_job *job, enum pool_queue q)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&lock);
 
   if (state != POOL_RUNNING)
     return false;
-  list_add_tail (&runs, &r->issue_link);
-  pthread_cond_signal (&cond);
-  return true;
-}
-
-bool
-iopool_submit_sync (struct eng_sync *s)
-{
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&lock);
-
-  if (state != POOL_RUNNING)
-    return false;
-  list_add_tail (&syncs, &s->link);
+  list_add_tail (&queues[q], &job->link);
   pthread_cond_signal (&cond);
   return true;
 }

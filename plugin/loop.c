@@ -7,9 +7,9 @@
  * exit deadlines).  See glue.h.
  *
  * The loop and its watchers belong to this thread.  Other threads touch
- * only `armed` and `stopping` (under eng_lock) and call ev_async_send
- * on `kick`, also under eng_lock, so that the loop cannot go away
- * between their decision and the send (ev(3), THREAD LOCKING EXAMPLE).
+ * only `armed` and `state` (under eng_lock) and kick it (evloop.h),
+ * also under eng_lock, so that the loop cannot go away between their
+ * decision and the send (ev(3), THREAD LOCKING EXAMPLE).
  * The loop is destroyed only after this thread is joined, and nothing
  * kicks it after timer_stop.
  */
@@ -18,7 +18,6 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -27,13 +26,13 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "evloop.h"
 #include "glue.h"
 #include "plugin.h"
 #include "threads.h"
 
-/* Read-only while the thread runs. */
-static struct ev_loop *loop;
-static pthread_t thread;
+static struct evloop tl;                /* Its loop: read-only while the
+                                         * thread runs. */
 
 /* Protected by eng_lock. */
 static uint64_t armed = UINT64_MAX;    /* Deadline the timer is set for. */
@@ -41,8 +40,10 @@ static enum { TIMER_STOPPED, TIMER_RUNNING, TIMER_STOPPING } state;
 static size_t stats_conns;              /* Connections open: the stats
                                          * timer runs while there are. */
 
+/* Set by timer_start before the thread runs; read-only after. */
+static uint64_t stats_interval_ns;      /* 0: no live reports. */
+
 /* Loop thread only. */
-static ev_async kick;
 static ev_timer timer;
 static ev_timer stats_timer;            /* Every stats-interval=. */
 
@@ -56,7 +57,7 @@ kick_if_earlier_locked (void)
 
   if (d < armed) {
     armed = d;
-    ev_async_send (loop, &kick);
+    evloop_kick (&tl);
   }
 }
 
@@ -80,13 +81,13 @@ rearm_locked (void)
   uint64_t d = engine_next_deadline (eng), now;
 
   armed = d;
-  ev_timer_stop (loop, &timer);
+  ev_timer_stop (tl.loop, &timer);
   if (d == UINT64_MAX)
     return;
-  ev_now_update (loop);
+  ev_now_update (tl.loop);
   now = now_ns ();
   ev_timer_set (&timer, d > now ? (d - now) / 1e9 : 0., 0.);
-  ev_timer_start (loop, &timer);
+  ev_timer_start (tl.loop, &timer);
 }
 
 /* Run the stats timer while connections are open (a server nobody
@@ -95,17 +96,16 @@ rearm_locked (void)
 static void
 stats_rearm_locked (void)
 {
-  bool want = stats_conns > 0 && cfg.statsfile != NULL &&
-    cfg.stats_interval_ns > 0;
+  bool want = stats_conns > 0 && stats_interval_ns > 0;
 
   if (want && !ev_is_active (&stats_timer)) {
-    double t = cfg.stats_interval_ns / 1e9;
+    double t = stats_interval_ns / 1e9;
 
     ev_timer_set (&stats_timer, t, t);
-    ev_timer_start (loop, &stats_timer);
+    ev_timer_start (tl.loop, &stats_timer);
   }
   else if (!want && ev_is_active (&stats_timer))
-    ev_timer_stop (loop, &stats_timer);
+    ev_timer_stop (tl.loop, &stats_timer);
 }
 
 void
@@ -115,7 +115,7 @@ timer_stats_conns_locked (int delta)
 
   stats_conns += delta;
   if (state == TIMER_RUNNING && was != (stats_conns > 0))
-    ev_async_send (loop, &kick);
+    evloop_kick (&tl);
 }
 
 static void
@@ -123,10 +123,10 @@ kick_cb (struct ev_loop *l, ev_async *w, int revents)
 {
   pthread_mutex_lock (&eng_lock);
   if (state == TIMER_STOPPING) {
-    ev_timer_stop (loop, &stats_timer);
-    ev_timer_stop (loop, &timer);
-    ev_async_stop (loop, &kick);
-    ev_break (loop, EVBREAK_ALL);
+    ev_timer_stop (tl.loop, &stats_timer);
+    ev_timer_stop (tl.loop, &timer);
+    ev_async_stop (tl.loop, &tl.kick);
+    ev_break (tl.loop, EVBREAK_ALL);
   }
   else {
     rearm_locked ();
@@ -164,44 +164,18 @@ timer_cb (struct ev_loop *l, ev_timer *w, int revents)
   glue_perform (&a, GLUE_INLINE_FAST);
 }
 
-static void *
-timer_thread (void *arg)
-{
-  thread_setup (THREAD_NAME_TIMER);
-  ev_run (loop, 0);
-  return NULL;
-}
-
 int
-timer_start (void)
+timer_start (uint64_t live_stats_interval_ns)
 {
-  sigset_t all, old;
-  int err;
-
-  /* Never the default loop: it installs a SIGCHLD handler and reaps
-   * every child, which would break nbdkit --run (ev.pod).  NOSIGMASK:
-   * libev must not change the signal mask of a threaded program; the
-   * thread blocks all signals itself below.
-   */
-  loop = ev_loop_new (EVFLAG_AUTO | EVFLAG_NOSIGMASK);
-  if (loop == NULL) {
+  stats_interval_ns = live_stats_interval_ns;
+  if (evloop_new (&tl, THREAD_NAME_TIMER, kick_cb, NULL) == -1) {
     nbdkit_error ("ev_loop_new failed");
     return -1;
   }
-  ev_async_init (&kick, kick_cb);
-  ev_async_start (loop, &kick);
   ev_init (&timer, timer_cb);
   ev_init (&stats_timer, stats_cb);
-
-  sigfillset (&all);
-  pthread_sigmask (SIG_SETMASK, &all, &old);
-  err = pthread_create (&thread, NULL, timer_thread, NULL);
-  pthread_sigmask (SIG_SETMASK, &old, NULL);
-  if (err != 0) {
-    errno = err;
+  if (evloop_start (&tl) == -1) {
     nbdkit_error ("pthread_create: %m");
-    ev_loop_destroy (loop);
-    loop = NULL;
     return -1;
   }
   pthread_mutex_lock (&eng_lock);
@@ -209,7 +183,7 @@ timer_start (void)
   armed = UINT64_MAX;
   kick_if_earlier_locked ();
   if (stats_conns > 0)
-    ev_async_send (loop, &kick);
+    evloop_kick (&tl);
   pthread_mutex_unlock (&eng_lock);
   return 0;
 }
@@ -223,11 +197,9 @@ timer_stop (void)
     return;
   }
   state = TIMER_STOPPING;
-  ev_async_send (loop, &kick);
+  evloop_kick (&tl);
   pthread_mutex_unlock (&eng_lock);
-  pthread_join (thread, NULL);
-  ev_loop_destroy (loop);
-  loop = NULL;
+  evloop_join (&tl);
   pthread_mutex_lock (&eng_lock);
   state = TIMER_STOPPED;
   pthread_mutex_unlock (&eng_lock);

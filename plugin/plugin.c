@@ -2,17 +2,19 @@
  * Copyright the nbdplug authors (see LICENSE).
  */
 
-/* plugin.c: nbdkit glue: parameters, global state, callbacks.
+/* plugin.c: the nbdkit entry points: the plugin's one handle (its
+ * configuration, layout, backing files), its lifecycle (.get_ready
+ * builds the rooms and gives each what it needs, .cleanup and .unload
+ * take them down), and the callbacks.
  *
  * The callbacks are thin: reads, flushes and writes go to conn.c, which
- * hands them to the export's engine (src/engine.h, glue.h).
+ * hands them to the export's engine (src/engine.h, glue.h); the
+ * parameters are config.c's, the stats-file= reports statsfile.c's.
  */
 
 #include <config.h>
 
-#include <ctype.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
@@ -22,7 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,18 +35,17 @@
 
 #include "backing.h"
 #include "cleanup.h"
+#include "plug-config.h"
 #include "conn.h"
 #include "glue.h"
 #include "iopool.h"
 #include "layout.h"
 #include "minmax.h"
-#include "parse.h"
 #include "plugin.h"
-#include "ratelimit.h"
 #include "remote.h"
 #include "rescue.h"
 #include "request.h"
-#include "vector.h"
+#include "statsfile.h"
 
 /* -D plug.stats=1: log each connection's statistics at close. */
 NBDKIT_DLL_PUBLIC int plug_debug_stats;
@@ -72,111 +72,20 @@ NBDKIT_DLL_PUBLIC int plug_debug_inject_unplug_nomem;
  */
 NBDKIT_DLL_PUBLIC int plug_debug_backend_delay_us;
 
-/* Defaults.  The man page explains each (NOTES, "Choice of defaults"). */
-#define DEFAULT_IDLE_NS           1000000ULL    /* 1 ms */
-#define DEFAULT_MAX_DELAY_NS     10000000ULL    /* 10 ms */
-/* Both modes.  In hold mode the "parked" trigger, not this limit, keeps
- * a plug from waiting for a request no free thread can read (the man
- * page's "Choice of defaults" has the measurement).
+/* The nbdkit entry points' handle: the plugin's one state, built by
+ * .config, .config_complete and .get_ready (one thread, before any
+ * connection) and read-only after that until .unload.  Every other
+ * room of the plugin receives what it needs of it at start.
  */
-#define DEFAULT_MAX_REQUESTS           256
-#define DEFAULT_MAX_BYTES         (4 * 1024 * 1024)
-#define DEFAULT_MAX_MERGE         (1024 * 1024)
-#define DEFAULT_MAX_INFLIGHT           64
-/* Threads issuing runs, shared by all connections: as many as nbdkit's
- * default worker threads per connection, so that unmergeable I/O keeps
- * the parallelism a plain file plugin has.
- */
-#define DEFAULT_IO_THREADS             16
-/* Requests at least this large are written at once (no copy).  In
- * front of an NBD server, where every operation is a round trip, only a
- * request as large as the largest run (max-merge's default), which
- * cannot become part of a larger one; the kernel's nbd driver sends
- * 64-128 KiB requests, and those merge.  On local files the page cache
- * takes a 64 KiB write for about what the plug's copy of it costs, so
- * merging it saves nothing: measured, CPU per 64 KiB sequential write
- * 1.11x of nbdkit file against 1.38x with 1M.
- */
-#define DEFAULT_DIRECT_SIZE_LOCAL   (64 * 1024)
-#define DEFAULT_DIRECT_SIZE_REMOTE  (1024 * 1024)
-/* blk-mq's BLK_MQ_RESOURCE_DELAY: rerun the queue 3 ms later. */
-#define DEFAULT_RETRY_DELAY_NS    3000000ULL
-#define DEFAULT_RETRY_MAX_DELAY_NS 100000000ULL  /* 100 ms */
-#define DEFAULT_RETRY_TIMEOUT_NS  10000000000ULL /* 10 s */
-/* NBD backing files (file=nbd://...): handles per server where it
- * advertises multi-conn, and runs in flight per server.  Both are
- * explained in the man page with their measurements.
- */
-/* stats-interval=: often enough for a person watching nbdplug-stat
- * (iostat's usual 1-2 s), rarely enough that rewriting a few KiB costs
- * nothing.
- */
-#define DEFAULT_STATS_INTERVAL_NS 2000000000ULL /* 2 s */
-/* Below this the timer thread, the one that also unplugs on idle= and
- * max-delay=, would spend its time rewriting the file (1ns measured at
- * a quarter of a core with one idle connection), and no reader of the
- * file looks that often.
- */
-#define STATS_INTERVAL_MIN_NS     100000000ULL /* 100 ms */
-#define STATS_INTERVAL_MIN_TEXT   "100ms"
-#define DEFAULT_REMOTE_CONNECTIONS      4
-#define DEFAULT_REMOTE_QUEUE_DEPTH     64
-/* One attempt to connect to an NBD server (TCP connect, TLS and NBD
- * handshakes): a server that is up answers in milliseconds, one across
- * a slow WAN with TLS in well under a second; without a bound a
- * black-holed address waits for the kernel's SYN retries (about 127 s
- * with net.ipv4.tcp_syn_retries=6).  As long as retry-timeout='s
- * default, the longest a client is kept waiting for a server.
- */
-#define DEFAULT_CONNECT_TIMEOUT_NS 10000000000ULL /* 10 s */
-#define DEFAULT_CONNECT_TIMEOUT_TEXT "10s"
-/* One attempt at start, as nbdkit-nbd-plugin's retry=0: a mistyped URI
- * fails at once.  A plug started beside its storage sets it.
- */
-#define DEFAULT_CONNECT_RETRY_NS   0
-#define DEFAULT_CONNECT_RETRY_TEXT "0"
-
-struct config cfg = {
-  .mode = MODE_WRITEBACK,
-  .idle_ns = DEFAULT_IDLE_NS,
-  .max_delay_ns = DEFAULT_MAX_DELAY_NS,
-  .lim = {
-    .max_requests = 0,          /* Set by mode in config_complete. */
-    .max_bytes = DEFAULT_MAX_BYTES,
-    .max_merge = DEFAULT_MAX_MERGE,
-    .max_iov = IOV_MAX,
-  },
-  .max_inflight = DEFAULT_MAX_INFLIGHT,
-  .io_threads = DEFAULT_IO_THREADS,
-  .direct = DIRECT_AUTO,
-  .direct_size = UINT64_MAX,     /* Set by make_engine unless given. */
-  .retry = {
-    .delay_ns = DEFAULT_RETRY_DELAY_NS,
-    .max_delay_ns = DEFAULT_RETRY_MAX_DELAY_NS,
-    .timeout_ns = DEFAULT_RETRY_TIMEOUT_NS,
-  },
-  .remote_connections = DEFAULT_REMOTE_CONNECTIONS,
-  .remote_queue_depth = DEFAULT_REMOTE_QUEUE_DEPTH,
-  .stats_interval_ns = DEFAULT_STATS_INTERVAL_NS,
-  .connect_timeout_ns = DEFAULT_CONNECT_TIMEOUT_NS,
-  .connect_retry_ns = DEFAULT_CONNECT_RETRY_NS,
-  .connect_timeout_text = DEFAULT_CONNECT_TIMEOUT_TEXT,
-  .connect_retry_text = DEFAULT_CONNECT_RETRY_TEXT,
-};
-struct layout layout;
-struct backing *backings;
-size_t nr_backings;
-
-DEFINE_VECTOR_TYPE (string_vector, char *)
-static string_vector files = empty_vector;   /* Owned: realpath copies,
-                                              * or NBD URIs as given. */
-static uint64_t stripe;
-#define STRIPE_MIN 4096
-static char *statsfile;                      /* Owned. */
-
-static pthread_mutex_t stats_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct plug_stats stats_total;        /* Protected by stats_lock. */
-static uint64_t inject_counter;              /* Atomic. */
+static struct plugin_state {
+  struct config cfg;
+  struct layout layout;
+  struct backing *backings;     /* Owned: [nr_backings]. */
+  size_t nr_backings;           /* Opened so far (all of them once
+                                 * .get_ready succeeded). */
+  struct engine *eng;           /* Owned; glue.c and conn.c borrow it.
+                                 * Freed under eng_lock. */
+} plug;
 
 uint64_t
 now_ns (void)
@@ -185,201 +94,6 @@ now_ns (void)
 
   clock_gettime (CLOCK_MONOTONIC, &ts);
   return ts.tv_sec * 1000000000ULL + ts.tv_nsec;
-}
-
-bool
-inject_eagain (void)
-{
-  int n = plug_debug_inject_eagain;
-
-  return n > 0 &&
-    __atomic_add_fetch (&inject_counter, 1, __ATOMIC_RELAXED) % n == 0;
-}
-
-static uint64_t start_ns;                    /* .get_ready's now_ns. */
-
-/* A stats-file= that cannot be written (its directory removed, the
- * file system full) fails at every report, every stats-interval= for
- * as long as a connection stays open: the first failure is logged at
- * once, later ones at most once a minute with the count (at the
- * default 2s that is 30 reports a line, not 43,200 lines a day), and
- * the first report written after them says so.  Each failure not
- * logged as an error is a debug line (nbdkit -v).
- */
-#define STATS_ERROR_INTERVAL_NS (60 * 1000000000ULL)
-
-enum stats_file_state {
-  STATS_FILE_WRITTEN,           /* The last report was written, or none
-                                 * was tried yet. */
-  STATS_FILE_FAILING,           /* The last report could not be written. */
-};
-
-static struct {
-  enum stats_file_state state;
-  uint64_t failed;              /* Reports not written since the last one
-                                 * written. */
-  struct ratelimit log;
-} stats_health;                 /* Protected by stats_lock. */
-
-/* A report could not be written: "what" failed with errno err (path,
- * when given, is the file it was done to).  Caller holds stats_lock.
- */
-static void
-stats_file_failed_locked (const char *what, const char *path, int err)
-{
-  uint64_t suppressed;
-
-  stats_health.state = STATS_FILE_FAILING;
-  stats_health.failed++;
-  errno = err;
-  if (!ratelimit_allow_every (&stats_health.log, now_ns (),
-                              STATS_ERROR_INTERVAL_NS, &suppressed))
-    nbdkit_debug ("stats-file=%s: report not written: %s%s%s: %m "
-                  "(%" PRIu64 " since the last one written)",
-                  statsfile, what, path ? " " : "", path ? path : "",
-                  stats_health.failed);
-  else if (suppressed > 0)
-    nbdkit_error ("stats-file=%s: report not written: %s%s%s: %m "
-                  "(and %" PRIu64 " more since the last message)",
-                  statsfile, what, path ? " " : "", path ? path : "",
-                  suppressed);
-  else
-    nbdkit_error ("stats-file=%s: report not written: %s%s%s: %m",
-                  statsfile, what, path ? " " : "", path ? path : "");
-}
-
-/* A report was written.  Caller holds stats_lock. */
-static void
-stats_file_written_locked (void)
-{
-  if (stats_health.state == STATS_FILE_FAILING)
-    nbdkit_error ("stats-file=%s: written again, after %" PRIu64
-                  " reports that could not be written",
-                  statsfile, stats_health.failed);
-  stats_health.state = STATS_FILE_WRITTEN;
-  stats_health.failed = 0;
-  /* The next failure is news: log it at once. */
-  stats_health.log = (struct ratelimit) { 0 };
-}
-
-/* Write text to stats-file= atomically (temporary file + rename), so a
- * reader never sees half a file.  Caller holds stats_lock (not
- * eng_lock: a slow or failing file system delays only the next report).
- */
-static void
-replace_statsfile_locked (const char *text)
-{
-  CLEANUP_FREE char *tmp = NULL;
-  FILE *fp;
-  int err;
-
-  if (asprintf (&tmp, "%s.tmp", statsfile) == -1) {
-    stats_file_failed_locked ("asprintf", NULL, errno);
-    return;
-  }
-  fp = fopen (tmp, "w");
-  if (fp == NULL) {
-    stats_file_failed_locked ("create", tmp, errno);
-    return;
-  }
-  if (fputs (text, fp) == EOF) {
-    err = errno;
-    fclose (fp);
-    unlink (tmp);
-    stats_file_failed_locked ("write", tmp, err);
-    return;
-  }
-  if (fclose (fp) == EOF) {
-    err = errno;
-    unlink (tmp);
-    stats_file_failed_locked ("write", tmp, err);
-    return;
-  }
-  if (rename (tmp, statsfile) == -1) {
-    err = errno;
-    unlink (tmp);
-    stats_file_failed_locked ("rename to", statsfile, err);
-    return;
-  }
-  stats_file_written_locked ();
-}
-
-/* How a report counts the connections still open. */
-enum open_counted {
-  OPEN_APART,                   /* In the live totals only. */
-  OPEN_IN_CLOSED,               /* Already merged into *closed (exit). */
-};
-
-/* Write the report: *closed at the top level (the historical format),
- * and the live figures.  Caller holds stats_lock (so that a closing
- * connection is counted either open or closed: stats_publish_close).
- */
-static void
-write_statsfile_locked (const char *written_at,
-                        const struct plug_stats *closed,
-                        enum open_counted open)
-{
-  CLEANUP_FREE char *json = NULL;
-  CLEANUP_FREE struct stats_conn_live *conns = NULL;
-  CLEANUP_FREE struct stats_file_live *flive = NULL;
-  struct plug_stats totals = *closed, open_sum = { 0 };
-  struct stats_report r = {
-    .mode = mode_name (cfg.mode),
-    .written_at = written_at,
-    .interval_ns = cfg.stats_interval_ns,
-    .closed = closed,
-    .totals = &totals,
-  };
-  uint64_t now;
-  size_t i;
-
-  if (statsfile == NULL)
-    return;
-  flive = calloc (nr_backings ? nr_backings : 1, sizeof *flive);
-  if (flive == NULL || conns_live (&r, flive, &open_sum, &conns) == -1) {
-    stats_file_failed_locked ("gather the figures", NULL, errno);
-    return;
-  }
-  /* After the engine's snapshot: no acknowledgement in it is newer. */
-  now = now_ns ();
-  if (open == OPEN_APART)
-    stats_merge (&totals, &open_sum);
-  r.conns = conns;
-  r.files = flive;
-  r.nr_files = nr_backings;
-  r.uptime_ns = now - start_ns;
-  if (r.unflushed.requests > 0 && now > r.unflushed.oldest_ns)
-    r.unflushed_age_ns = now - r.unflushed.oldest_ns;
-  for (i = 0; i < nr_backings; ++i) {
-    flive[i].name = backings[i].name;
-    if (backings[i].remote)
-      remote_stats (backings[i].remote, now, &flive[i]);
-  }
-  json = stats_report_json (&r);
-  if (json == NULL) {
-    stats_file_failed_locked ("format the report", NULL, errno);
-    return;
-  }
-  replace_statsfile_locked (json);
-}
-
-size_t
-stats_publish_close (struct conn *c)
-{
-  size_t left;
-
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&stats_lock);
-  left = conns_unregister (c);
-  stats_merge (&stats_total, &c->stats);
-  write_statsfile_locked ("close", &stats_total, OPEN_APART);
-  return left;
-}
-
-void
-stats_write_live (void)
-{
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&stats_lock);
-  write_statsfile_locked ("interval", &stats_total, OPEN_APART);
 }
 
 /* Server exit.  nbdkit 1.32 can reach .cleanup while a connection
@@ -397,7 +111,7 @@ plugin_cleanup (void)
   struct plug_stats live = { 0 };
   size_t i;
 
-  if (eng == NULL)
+  if (plug.eng == NULL)
     return;
   /* The rescue stays armed through the exit's write-out and syncs: an
    * abort in between waits for them (conns_rescue).
@@ -407,19 +121,13 @@ plugin_cleanup (void)
   iopool_stop ();
   timer_stop ();
   /* Last: a completion may still hand runs to the pool until here. */
-  for (i = 0; i < nr_backings; ++i)
-    if (backings[i].remote)
-      remote_stop (backings[i].remote);
+  for (i = 0; i < plug.nr_backings; ++i)
+    if (plug.backings[i].remote)
+      remote_stop (plug.backings[i].remote);
   /* Always: the exit's sync emptied the unflushed window, which a
    * report from the last close still shows.
    */
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&stats_lock);
-  {
-    struct plug_stats all = stats_total;
-
-    stats_merge (&all, &live);
-    write_statsfile_locked ("exit", &all, OPEN_IN_CLOSED);
-  }
+  statsfile_write_exit (&live);
 }
 
 static void
@@ -443,429 +151,43 @@ plugin_unload (void)
     return;
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&eng_lock);
-    engine_free (eng);
-    eng = NULL;
+    glue_fini_locked ();
+    engine_free (plug.eng);
+    plug.eng = NULL;
   }
-  for (i = 0; i < nr_backings; ++i)
-    backing_close (&backings[i]);
-  free (backings);
-  layout_free (&layout);
-  for (i = 0; i < files.len; ++i)
-    free (files.ptr[i]);
-  string_vector_reset (&files);
-  free (statsfile);
+  for (i = 0; i < plug.nr_backings; ++i)
+    backing_close (&plug.backings[i]);
+  free (plug.backings);
+  layout_free (&plug.layout);
+  config_free (&plug.cfg);
 }
 
-static int
-parse_duration_param (const char *key, const char *value, uint64_t *ns)
-{
-  if (parse_duration (value, ns) == 0)
-    return 0;
-  if (errno == ERANGE)
-    nbdkit_error ("%s=%s: too long (at most about 584 years)", key, value);
-  else
-    nbdkit_error ("%s=%s: expected a duration such as 3ms, 500us or 0.5s",
-                  key, value);
-  return -1;
-}
-
-static int
-parse_size_param (const char *key, const char *value, uint64_t *r,
-                  uint64_t min, uint64_t max)
-{
-  int64_t v = nbdkit_parse_size (value);
-
-  if (v == -1) {
-    /* nbdkit_parse_size's own message does not name the parameter. */
-    nbdkit_error ("%s=%s: expected a size such as 4096, 64k or 1M",
-                  key, value);
-    return -1;
-  }
-  if ((uint64_t) v < min || (uint64_t) v > max) {
-    nbdkit_error ("%s=%s: must be between %" PRIu64 " and %" PRIu64,
-                  key, value, min, max);
-    return -1;
-  }
-  *r = v;
-  return 0;
-}
-
-/* Our own, not nbdkit_parse_unsigned: nbdkit 1.32's names only the key
- * and calls any non-number an "empty string".  Digits only: strtoul
- * alone would take " 5", "+5" and "-1" (as ULONG_MAX).
- */
-static int
-parse_count_param (const char *key, const char *value, unsigned *r,
-                   unsigned min, unsigned max)
-{
-  unsigned long v;
-  char *end;
-
-  errno = 0;
-  if (!isdigit ((unsigned char) value[0]) ||
-      (v = strtoul (value, &end, 10), *end != '\0')) {
-    nbdkit_error ("%s=%s: expected a whole number between %u and %u",
-                  key, value, min, max);
-    return -1;
-  }
-  if (errno == ERANGE || v < min || v > max) {
-    nbdkit_error ("%s=%s: must be between %u and %u", key, value, min, max);
-    return -1;
-  }
-  *r = v;
-  return 0;
-}
-
-static bool max_requests_set;
-
-/* requeue-delay= and requeue-timeout= as given (or the defaults, as
- * --dump-plugin says them), for config_complete's message: the two
- * keys come in any order.
- */
-static char requeue_delay_text[64] = "3ms", requeue_timeout_text[64] = "10s";
-
-/* A requeue-timeout below requeue-delay gives up on a "not now" before its
- * first retry, which would make "not now" an error after all.
- */
-static int
-check_retry_timeout (void)
-{
-  if (cfg.retry.timeout_ns >= cfg.retry.delay_ns)
-    return 0;
-  nbdkit_error ("requeue-timeout=%s: must be at least requeue-delay=%s "
-                "(a backing file that says \"not now\" would be given up "
-                "on before its first retry)",
-                requeue_timeout_text, requeue_delay_text);
-  return -1;
-}
-
-/* The names of earlier releases, accepted until the next one.  nbdkit
- * offers every key to the filters first: statsfile= and retry-delay=
- * are the stats and retry filters' own, and reach the plug only when
- * no such filter is loaded.  The new names are ours alone (checked
- * against every filter's by tests/test-filter-keys.sh).
- */
-static const struct deprecated_key {
-  const char *old, *new, *why;
-} deprecated_keys[] = {
-  { "statsfile", "stats-file", "it is nbdkit-stats-filter's key" },
-  { "retry-delay", "requeue-delay", "it is nbdkit-retry-filter's key" },
-  { "retry-max-delay", "requeue-max-delay", "renamed with retry-delay=" },
-  { "retry-timeout", "requeue-timeout", "renamed with retry-delay=" },
-  { "shared", "lock", "nbdkit-nbd-plugin's shared= means something else" },
-};
-#define NR_DEPRECATED (sizeof deprecated_keys / sizeof deprecated_keys[0])
-
-/* Which names of each renamed parameter were given (.config runs in
- * one thread): both at once is refused, since which one won would
- * depend on their order on the command line.
- */
-enum name_given { GIVEN_NONE = 0, GIVEN_OLD = 1, GIVEN_NEW = 2 };
-static unsigned names_given[NR_DEPRECATED];
-
-/* Note that key was given; -1 after nbdkit_error if the other name of
- * the same parameter was given too.
- */
-static int
-note_name_given (const char *key)
-{
-  size_t i;
-
-  for (i = 0; i < NR_DEPRECATED; ++i) {
-    const struct deprecated_key *d = &deprecated_keys[i];
-    bool is_old = strcmp (key, d->old) == 0;
-
-    if (!is_old && strcmp (key, d->new) != 0)
-      continue;
-    names_given[i] |= is_old ? GIVEN_OLD : GIVEN_NEW;
-    if (names_given[i] == (GIVEN_OLD | GIVEN_NEW)) {
-      nbdkit_error ("%s= and %s= both given: %s= is the deprecated name "
-                    "of %s=; give only %s=", d->new, d->old, d->old,
-                    d->new, d->new);
-      return -1;
-    }
-    return 0;
-  }
-  return 0;
-}
-
-/* The current name of key, saying so if key is an old one (shared=,
- * whose value is inverted, says so itself).  nbdkit 1.32 has no
- * warning level and nbdkit_debug is seen only with -v, so the warning
- * is an nbdkit_error message; nbdkit starts all the same.
- */
-static const char *
-current_key (const char *key, const char *value)
-{
-  size_t i;
-
-  for (i = 0; i < NR_DEPRECATED; ++i) {
-    const struct deprecated_key *d = &deprecated_keys[i];
-
-    if (strcmp (key, d->old) == 0 && strcmp (d->old, "shared") != 0) {
-      nbdkit_error ("warning: %s=%s: %s= is deprecated (%s), use %s= "
-                    "instead; the old name goes in the next release",
-                    key, value, d->old, d->why, d->new);
-      return d->new;
-    }
-  }
-  return key;
-}
-
-/* A path that starts like a URI ("scheme://") with a scheme libnbd
- * does not serve is a mistyped URI far more often than a file in a
- * directory named "nbdx:": say so rather than "No such file".
- */
-static int
-check_uri_scheme (const char *value)
-{
-  size_t n = 0;
-
-  if (!isalpha ((unsigned char) value[0]))
-    return 0;
-  while (isalnum ((unsigned char) value[n]) || value[n] == '+' ||
-         value[n] == '-' || value[n] == '.')
-    n++;
-  if (strncmp (value + n, "://", 3) != 0)
-    return 0;
-  nbdkit_error ("file=%s: unknown URI scheme '%.*s': expected one of %s "
-                "(a local path that starts like this: write ./%s)",
-                value, (int) n, value, remote_uri_schemes (), value);
-  return -1;
-}
-
-/* idle= and max-delay= as given (or the defaults), for check_idle. */
-static char idle_text[64] = "1ms", max_delay_text[64] = "10ms";
-
-/* An idle= longer than max-delay= never fires: the oldest held
- * request is at least as old as the last one, so max-delay= always
- * comes first (plug_deadline in src/engine-life.c).  Harmless (the plug
- * still unplugs, at max-delay=), so nbdkit starts; but whoever set it
- * expected the plug to wait that long, so it is said.
- */
 static void
-check_idle (void)
+plugin_load (void)
 {
-  if (cfg.idle_ns <= cfg.max_delay_ns)
-    return;
-  nbdkit_error ("warning: idle=%s is longer than max-delay=%s, so it has "
-                "no effect: a plug goes out max-delay= after its oldest "
-                "request at the latest; to hold longer, raise max-delay= "
-                "too", idle_text, max_delay_text);
+  config_init (&plug.cfg);
 }
 
 static int
 plugin_config (const char *key, const char *value)
 {
-  if (note_name_given (key) == -1)
-    return -1;
-  key = current_key (key, value);
-  if (strcmp (key, "file") == 0) {
-    if (!remote_is_uri (value) && check_uri_scheme (value) == -1)
-      return -1;
-    /* Absolute now: nbdkit changes directory to / when it forks.  An
-     * NBD URI is libnbd's to parse, not a path.
-     */
-    char *path = remote_is_uri (value) ? strdup (value)
-      : nbdkit_realpath (value);
-
-    if (path == NULL) {
-      if (remote_is_uri (value))
-        nbdkit_error ("strdup: %m");
-      return -1;
-    }
-    if (string_vector_append (&files, path) == -1) {
-      nbdkit_error ("realloc: %m");
-      free (path);
-      return -1;
-    }
-  }
-  else if (strcmp (key, "stripe") == 0) {
-    if (parse_size_param (key, value, &stripe, 1, UINT32_MAX) == -1)
-      return -1;
-    /* Requests cost one piece per file whatever the stripe, but reads,
-     * block status and cache still walk it unit by unit (one pread or
-     * lseek each), and a unit smaller than a page splits every
-     * page-sized I/O of a client between files.
-     */
-    if (stripe < STRIPE_MIN) {
-      nbdkit_error ("stripe=%s: %" PRIu64 " bytes is too small: the "
-                    "smallest stripe is %d (4k)", value, stripe, STRIPE_MIN);
-      return -1;
-    }
-    if (stripe % 512 != 0) {
-      nbdkit_error ("stripe=%s: must be a multiple of 512", value);
-      return -1;
-    }
-  }
-  else if (strcmp (key, "mode") == 0) {
-    if (strcmp (value, "writeback") == 0)
-      cfg.mode = MODE_WRITEBACK;
-    else if (strcmp (value, "hold") == 0)
-      cfg.mode = MODE_HOLD;
-    else {
-      nbdkit_error ("mode=%s: expected writeback or hold", value);
-      return -1;
-    }
-  }
-  else if (strcmp (key, "idle") == 0) {
-    if (parse_duration_param (key, value, &cfg.idle_ns) == -1)
-      return -1;
-    snprintf (idle_text, sizeof idle_text, "%s", value);
-  }
-  else if (strcmp (key, "max-delay") == 0) {
-    if (parse_duration_param (key, value, &cfg.max_delay_ns) == -1)
-      return -1;
-    if (cfg.max_delay_ns == 0) {
-      nbdkit_error ("max-delay=%s: must be greater than 0", value);
-      return -1;
-    }
-    snprintf (max_delay_text, sizeof max_delay_text, "%s", value);
-  }
-  else if (strcmp (key, "max-requests") == 0) {
-    unsigned n;
-
-    if (parse_count_param (key, value, &n, 1, 1 << 20) == -1)
-      return -1;
-    cfg.lim.max_requests = n;
-    max_requests_set = true;
-  }
-  else if (strcmp (key, "max-bytes") == 0)
-    return parse_size_param (key, value, &cfg.lim.max_bytes,
-                             1, UINT64_C (1) << 40);
-  else if (strcmp (key, "max-merge") == 0)
-    return parse_size_param (key, value, &cfg.lim.max_merge,
-                             512, UINT64_C (1) << 30);
-  else if (strcmp (key, "max-inflight") == 0)
-    return parse_count_param (key, value, &cfg.max_inflight, 1, 1 << 16);
-  else if (strcmp (key, "direct") == 0) {
-    if (strcmp (value, "auto") == 0)
-      cfg.direct = DIRECT_AUTO;
-    else if (strcmp (value, "always") == 0)
-      cfg.direct = DIRECT_ALWAYS;
-    else if (strcmp (value, "never") == 0)
-      cfg.direct = DIRECT_NEVER;
-    else {
-      nbdkit_error ("direct=%s: expected auto, always or never", value);
-      return -1;
-    }
-  }
-  else if (strcmp (key, "direct-size") == 0)
-    return parse_size_param (key, value, &cfg.direct_size, 0, UINT32_MAX);
-  else if (strcmp (key, "io-threads") == 0)
-    return parse_count_param (key, value, &cfg.io_threads, 1, 1024);
-  else if (strcmp (key, "remote-connections") == 0)
-    return parse_count_param (key, value, &cfg.remote_connections,
-                              1, REMOTE_MAX_CONNS);
-  else if (strcmp (key, "remote-queue-depth") == 0)
-    return parse_count_param (key, value, &cfg.remote_queue_depth,
-                              1, 1 << 16);
-  else if (strcmp (key, "connect-timeout") == 0) {
-    if (parse_duration_param (key, value, &cfg.connect_timeout_ns) == -1)
-      return -1;
-    if (cfg.connect_timeout_ns == 0) {
-      nbdkit_error ("connect-timeout=%s: must be greater than 0 "
-                    "(no attempt could ever finish)", value);
-      return -1;
-    }
-    cfg.connect_timeout_text = value;   /* nbdkit keeps it. */
-  }
-  else if (strcmp (key, "connect-retry") == 0) {
-    if (parse_duration_param (key, value, &cfg.connect_retry_ns) == -1)
-      return -1;
-    cfg.connect_retry_text = value;
-  }
-  else if (strcmp (key, "requeue-delay") == 0) {
-    if (parse_duration_param (key, value, &cfg.retry.delay_ns) == -1)
-      return -1;
-    if (cfg.retry.delay_ns == 0) {
-      nbdkit_error ("requeue-delay=%s: must be greater than 0 "
-                    "(a zero delay would spin)", value);
-      return -1;
-    }
-    snprintf (requeue_delay_text, sizeof requeue_delay_text, "%s", value);
-  }
-  else if (strcmp (key, "requeue-max-delay") == 0)
-    return parse_duration_param (key, value, &cfg.retry.max_delay_ns);
-  else if (strcmp (key, "requeue-timeout") == 0) {
-    if (parse_duration_param (key, value, &cfg.retry.timeout_ns) == -1)
-      return -1;
-    snprintf (requeue_timeout_text, sizeof requeue_timeout_text, "%s", value);
-  }
-  else if (strcmp (key, "lock") == 0 || strcmp (key, "shared") == 0) {
-    /* shared= (nbdkit-nbd-plugin's shared= means one connection for
-     * all clients, something else) is lock= inverted.
-     */
-    bool lock = strcmp (key, "lock") == 0;
-    int r = nbdkit_parse_bool (value);
-
-    if (r == -1) {
-      nbdkit_error ("%s=%s: expected a boolean such as yes or no",
-                    key, value);
-      return -1;
-    }
-    if (!lock)
-      nbdkit_error ("warning: shared=%s: shared= is deprecated, use "
-                    "lock=%s (nbdkit-nbd-plugin's shared= means something "
-                    "else); the old name goes in the next release",
-                    value, r ? "no" : "yes");
-    cfg.shared = lock ? !r : r;
-  }
-  else if (strcmp (key, "stats-interval") == 0) {
-    if (parse_duration_param (key, value, &cfg.stats_interval_ns) == -1)
-      return -1;
-    if (cfg.stats_interval_ns > 0 &&
-        cfg.stats_interval_ns < STATS_INTERVAL_MIN_NS) {
-      nbdkit_error ("stats-interval=%s: must be 0 (reports only at close "
-                    "and exit) or at least %s: the timer thread that "
-                    "writes the reports also unplugs", value,
-                    STATS_INTERVAL_MIN_TEXT);
-      return -1;
-    }
-  }
-  else if (strcmp (key, "stats-file") == 0) {
-    /* The file need not exist yet: make the directory absolute. */
-    free (statsfile);
-    if (value[0] == '/')
-      statsfile = strdup (value);
-    else {
-      char cwd[PATH_MAX];
-      if (getcwd (cwd, sizeof cwd) == NULL ||
-          asprintf (&statsfile, "%s/%s", cwd, value) == -1)
-        statsfile = NULL;
-    }
-    if (statsfile == NULL) {
-      nbdkit_error ("stats-file=%s: %m", value);
-      return -1;
-    }
-  }
-  else {
-    nbdkit_error ("unknown parameter '%s' (see nbdkit plug --help)", key);
-    return -1;
-  }
-  return 0;
+  return config_set (&plug.cfg, key, value);
 }
 
 static int
 plugin_config_complete (void)
 {
-  if (files.len == 0) {
-    nbdkit_error ("no backing file given: use file=PATH "
-                  "(or just PATH), once per file");
-    return -1;
-  }
-  if (!max_requests_set)
-    cfg.lim.max_requests = DEFAULT_MAX_REQUESTS;
-  if (check_retry_timeout () == -1)
-    return -1;
-  check_idle ();
-  if (cfg.retry.max_delay_ns < cfg.retry.delay_ns)
-    cfg.retry.max_delay_ns = cfg.retry.delay_ns;
-  cfg.statsfile = statsfile;
-  return 0;
+  return config_complete (&plug.cfg);
 }
 
 /* The engine's messages, already rate-limited (engine.h). */
+/* The engine's state log (-D plug.state=1). */
+static void
+engine_state_log (void *opaque, const char *msg)
+{
+  nbdkit_debug ("%s", msg);
+}
+
 static void
 engine_log (void *opaque, int level, const char *msg)
 {
@@ -873,13 +195,6 @@ engine_log (void *opaque, int level, const char *msg)
     nbdkit_error ("%s", msg);
   else
     nbdkit_debug ("%s", msg);
-}
-
-/* The engine's state log (-D plug.state=1). */
-static void
-engine_state_log (void *opaque, const char *msg)
-{
-  nbdkit_debug ("%s", msg);
 }
 
 /* A seed no client can know, for the shapes of the engine's indexes
@@ -901,39 +216,46 @@ index_seed (void)
     ((uint32_t) getpid () << 16);
 }
 
+/* Is an NBD server among the backing files? */
+static bool
+any_remote (void)
+{
+  size_t i;
+
+  for (i = 0; i < plug.nr_backings; ++i)
+    if (plug.backings[i].remote)
+      return true;
+  return false;
+}
+
 static int
 make_engine (void)
 {
   struct eng_config ec;
   size_t i;
 
-  if (cfg.direct_size == UINT64_MAX) {
-    cfg.direct_size = DEFAULT_DIRECT_SIZE_LOCAL;
-    for (i = 0; i < nr_backings; ++i)
-      if (backings[i].remote)
-        cfg.direct_size = DEFAULT_DIRECT_SIZE_REMOTE;
-  }
+  config_direct_size (&plug.cfg, any_remote ());
   ec = (struct eng_config) {
-    .mode = cfg.mode == MODE_HOLD ? ENG_HOLD : ENG_WRITEBACK,
-    .nr_backings = nr_backings,
-    .idle_ns = cfg.idle_ns,
-    .max_delay_ns = cfg.max_delay_ns,
-    .lim = cfg.lim,
-    .max_inflight = cfg.max_inflight,
-    .direct = cfg.direct != DIRECT_NEVER,
-    .direct_size = cfg.direct_size,
-    .retry = cfg.retry,
+    .mode = plug.cfg.mode == MODE_HOLD ? ENG_HOLD : ENG_WRITEBACK,
+    .nr_backings = plug.nr_backings,
+    .idle_ns = plug.cfg.idle_ns,
+    .max_delay_ns = plug.cfg.max_delay_ns,
+    .lim = plug.cfg.lim,
+    .max_inflight = plug.cfg.max_inflight,
+    .direct = plug.cfg.direct != DIRECT_NEVER,
+    .direct_size = plug.cfg.direct_size,
+    .retry = plug.cfg.retry,
     .seed = index_seed (),
     .log = engine_log,
     .debug_unplug = plug_debug_unplug,
     .state_log = plug_debug_state ? engine_state_log : NULL,
     .inject_unplug_nomem = plug_debug_inject_unplug_nomem > 0 ?
       (unsigned) plug_debug_inject_unplug_nomem : 0,
-    .names = (const char *const *) files.ptr,
+    .names = (const char *const *) plug.cfg.files,
   };
 
-  eng = engine_new (&ec);
-  if (eng == NULL) {
+  plug.eng = engine_new (&ec);
+  if (plug.eng == NULL) {
     nbdkit_error ("engine: %m");
     return -1;
   }
@@ -941,9 +263,9 @@ make_engine (void)
    * per NBD URI; the rest wait in the engine's queue, where they can
    * still merge with what comes after them.
    */
-  for (i = 0; i < nr_backings; ++i)
-    if (backings[i].remote)
-      engine_set_max_inflight (eng, i, cfg.remote_queue_depth);
+  for (i = 0; i < plug.nr_backings; ++i)
+    if (plug.backings[i].remote)
+      engine_set_max_inflight (plug.eng, i, plug.cfg.remote_queue_depth);
   /* A write to an NBD server costs a round trip, a write to a local
    * file about what the plug's copy costs.  In writeback mode a request
    * to a server that merges with nothing is still acknowledged from the
@@ -952,10 +274,10 @@ make_engine (void)
    * a server that takes 1 ms per write, 4 KiB random writes ran about
    * twice as fast as on the direct path (bench/README.md).
    */
-  for (i = 0; i < nr_backings; ++i)
-    if (backings[i].remote && cfg.mode == MODE_WRITEBACK &&
-        cfg.direct == DIRECT_AUTO)
-      engine_set_direct_rule (eng, i, ENG_DIRECT_LARGE);
+  for (i = 0; i < plug.nr_backings; ++i)
+    if (plug.backings[i].remote && plug.cfg.mode == MODE_WRITEBACK &&
+        plug.cfg.direct == DIRECT_AUTO)
+      engine_set_direct_rule (plug.eng, i, ENG_DIRECT_LARGE);
   return 0;
 }
 
@@ -966,8 +288,8 @@ export_min_block (void)
   uint32_t m = 1;
   size_t i;
 
-  for (i = 0; i < nr_backings; ++i)
-    m = MAX (m, backings[i].min_block);
+  for (i = 0; i < plug.nr_backings; ++i)
+    m = MAX (m, plug.backings[i].min_block);
   return m;
 }
 
@@ -984,58 +306,19 @@ check_alignment (void)
 
   if (m <= 1)
     return 0;
-  for (i = 0; i < nr_backings; ++i) {
-    uint64_t start = layout.starts ? layout.starts[i] : 0;
+  for (i = 0; i < plug.nr_backings; ++i) {
+    uint64_t start = plug.layout.starts ? plug.layout.starts[i] : 0;
 
-    if (layout.stripe % m != 0 || start % m != 0) {
+    if (plug.layout.stripe % m != 0 || start % m != 0) {
       nbdkit_error ("file=%s: %s %" PRIu64 " is not a multiple of the "
                     "minimum block size %" PRIu32 " that an NBD server "
                     "of this export requires",
-                    backings[i].name,
-                    layout.stripe ? "stripe" : "its offset in the export",
-                    layout.stripe ? layout.stripe : start, m);
+                    plug.backings[i].name,
+                    plug.layout.stripe ? "stripe" : "its offset in the export",
+                    plug.layout.stripe ? plug.layout.stripe : start, m);
       return -1;
     }
   }
-  return 0;
-}
-
-/* Refuse a stats-file= that no report could replace now, not at the
- * first close: a directory (rename(2) fails with EISDIR at every
- * report), anything else that is not a regular file (a device or FIFO
- * would be replaced by the report), a directory we cannot create
- * PATH.tmp in.
- */
-static int
-check_statsfile (void)
-{
-  CLEANUP_FREE char *tmp = NULL;
-  struct stat st;
-  int fd;
-
-  if (stat (statsfile, &st) == 0) {
-    if (S_ISDIR (st.st_mode)) {
-      nbdkit_error ("stats-file=%s: is a directory: name a file, such as "
-                    "%s/plug-stats.json", statsfile, statsfile);
-      return -1;
-    }
-    if (!S_ISREG (st.st_mode)) {
-      nbdkit_error ("stats-file=%s: exists and is not a regular file: "
-                    "every report replaces it (by rename)", statsfile);
-      return -1;
-    }
-  }
-  if (asprintf (&tmp, "%s.tmp", statsfile) == -1) {
-    nbdkit_error ("asprintf: %m");
-    return -1;
-  }
-  fd = open (tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd == -1) {
-    nbdkit_error ("stats-file=%s: cannot create %s: %m", statsfile, tmp);
-    return -1;
-  }
-  close (fd);
-  unlink (tmp);
   return 0;
 }
 
@@ -1047,49 +330,84 @@ plugin_get_ready (void)
 {
   CLEANUP_FREE uint64_t *sizes = NULL;
   enum layout_error why;
+  uint64_t start_ns = now_ns ();
   size_t i, bad;
+  const struct backing_params bparams = {
+    .lock = !plug.cfg.shared,
+    .remote = {
+      .max_conns = plug.cfg.remote_connections,
+      .retry = plug.cfg.retry,
+      .connect_timeout_ns = plug.cfg.connect_timeout_ns,
+      .connect_retry_ns = plug.cfg.connect_retry_ns,
+      .connect_timeout_text = plug.cfg.connect_timeout_text,
+      .connect_retry_text = plug.cfg.connect_retry_text,
+      .lost = glue_record_lost,
+    },
+    .inject = {
+      .eagain_every = plug_debug_inject_eagain,
+      .delay_us = plug_debug_backend_delay_us,
+    },
+  };
 
-  start_ns = now_ns ();
-  if (statsfile && check_statsfile () == -1)
+  if (plug.cfg.statsfile && statsfile_check (plug.cfg.statsfile) == -1)
     return -1;
 
-  if (conn_init_worker_key () == -1 || request_init () == -1 ||
-      conns_init () == -1)
+  if (conn_init_worker_key () == -1)
     return -1;
 
-  backings = calloc (files.len, sizeof *backings);
-  sizes = calloc (files.len, sizeof *sizes);
-  if (backings == NULL || sizes == NULL) {
+  plug.backings = calloc (plug.cfg.nr_files, sizeof *plug.backings);
+  sizes = calloc (plug.cfg.nr_files, sizeof *sizes);
+  if (plug.backings == NULL || sizes == NULL) {
     nbdkit_error ("calloc: %m");
     return -1;
   }
-  for (i = 0; i < files.len; ++i) {
-    if (backing_open (&backings[i], files.ptr[i]) == -1)
+  for (i = 0; i < plug.cfg.nr_files; ++i) {
+    if (backing_open (&plug.backings[i], plug.cfg.files[i], &bparams) == -1)
       return -1;
-    nr_backings++;
-    sizes[i] = backings[i].size;
+    plug.nr_backings++;
+    sizes[i] = plug.backings[i].size;
   }
-  if (layout_init (&layout, sizes, files.len, stripe, &why, &bad) == -1) {
+  if (layout_init (&plug.layout, sizes, plug.cfg.nr_files, plug.cfg.stripe,
+                   &why, &bad) == -1) {
     if (errno != EINVAL)
       nbdkit_error ("layout: %m");
     else if (why == LAYOUT_EMPTY_FILE || why == LAYOUT_STRIPE_NOT_MULTIPLE ||
              why == LAYOUT_STRIPE_UNEQUAL || why == LAYOUT_TOO_LARGE) {
       /* stripe= only when one was asked for: 0 means concatenated. */
-      if (stripe > 0)
+      if (plug.cfg.stripe > 0)
         nbdkit_error ("file=%s: %s (size %" PRIu64 ", stripe=%" PRIu64 ")",
-                      files.ptr[bad], layout_strerror (why), sizes[bad],
-                      stripe);
+                      plug.cfg.files[bad], layout_strerror (why), sizes[bad],
+                      plug.cfg.stripe);
       else
         nbdkit_error ("file=%s: %s (size %" PRIu64 ")",
-                      files.ptr[bad], layout_strerror (why), sizes[bad]);
+                      plug.cfg.files[bad], layout_strerror (why), sizes[bad]);
     }
     else
       nbdkit_error ("%s", layout_strerror (why));
     return -1;
   }
-  if (check_alignment () == -1)
+  if (check_alignment () == -1 ||
+      request_init (plug.cfg.lim.max_bytes, &plug.layout,
+                    plug.backings) == -1 ||
+      make_engine () == -1)
     return -1;
-  return make_engine ();
+  /* Each room gets what it needs of the handle. */
+  glue_init (plug.eng, plug.backings);
+  statsfile_init (&(struct statsfile_setup) {
+      .path = plug.cfg.statsfile,
+      .mode = plug.cfg.mode,
+      .interval_ns = plug.cfg.stats_interval_ns,
+      .backings = plug.backings,
+      .nr_backings = plug.nr_backings,
+      .start_ns = start_ns,
+    });
+  return conns_init (&(struct conns_setup) {
+      .eng = plug.eng,
+      .layout = &plug.layout,
+      .backings = plug.backings,
+      .mode = plug.cfg.mode,
+      .direct = plug.cfg.direct,
+    });
 }
 
 /* Threads only now: nbdkit may have forked since .get_ready (the
@@ -1100,11 +418,14 @@ plugin_after_fork (void)
 {
   size_t i;
 
-  if (iopool_start (cfg.io_threads) == -1 || timer_start () == -1 ||
-      rescue_start () == -1)
+  uint64_t live_ns = plug.cfg.statsfile ? plug.cfg.stats_interval_ns : 0;
+
+  if (iopool_start (plug.cfg.io_threads) == -1 ||
+      timer_start (live_ns) == -1 || rescue_start () == -1)
     return -1;
-  for (i = 0; i < nr_backings; ++i)
-    if (backings[i].remote && remote_start (backings[i].remote) == -1)
+  for (i = 0; i < plug.nr_backings; ++i)
+    if (plug.backings[i].remote &&
+        remote_start (plug.backings[i].remote) == -1)
       return -1;
   return 0;
 }
@@ -1112,30 +433,7 @@ plugin_after_fork (void)
 static void
 plugin_dump_plugin (void)
 {
-  printf ("plug_mode_default=writeback\n");
-  printf ("plug_idle_default=1ms\n");
-  printf ("plug_max_delay_default=10ms\n");
-  printf ("plug_max_requests_default=%d\n", DEFAULT_MAX_REQUESTS);
-  printf ("plug_max_bytes_default=%d\n", DEFAULT_MAX_BYTES);
-  printf ("plug_max_merge_default=%d\n", DEFAULT_MAX_MERGE);
-  printf ("plug_max_inflight_default=%d\n", DEFAULT_MAX_INFLIGHT);
-  printf ("plug_io_threads_default=%d\n", DEFAULT_IO_THREADS);
-  printf ("plug_direct_default=auto\n");
-  printf ("plug_direct_size_default=%d\n", DEFAULT_DIRECT_SIZE_LOCAL);
-  printf ("plug_direct_size_default_remote=%d\n",
-          DEFAULT_DIRECT_SIZE_REMOTE);
-  printf ("plug_requeue_delay_default=3ms\n");
-  printf ("plug_requeue_max_delay_default=100ms\n");
-  printf ("plug_requeue_timeout_default=10s\n");
-  printf ("plug_remote_connections_default=%d\n",
-          DEFAULT_REMOTE_CONNECTIONS);
-  printf ("plug_remote_queue_depth_default=%d\n",
-          DEFAULT_REMOTE_QUEUE_DEPTH);
-  printf ("plug_connect_timeout_default=%s\n",
-          DEFAULT_CONNECT_TIMEOUT_TEXT);
-  printf ("plug_connect_retry_default=%s\n", DEFAULT_CONNECT_RETRY_TEXT);
-  printf ("plug_lock_default=yes\n");
-  printf ("plug_stats_interval_default=2s\n");
+  config_dump ();
   printf ("plug_libev=%d.%d\n", ev_version_major (), ev_version_minor ());
   {
     struct nbd_handle *h = nbd_create ();
@@ -1163,7 +461,7 @@ plugin_close (void *handle)
 static int64_t
 plugin_get_size (void *handle)
 {
-  return layout.size;
+  return plug.layout.size;
 }
 
 static int
@@ -1171,8 +469,8 @@ plugin_can_write (void *handle)
 {
   size_t i;
 
-  for (i = 0; i < nr_backings; ++i)
-    if (backings[i].readonly)
+  for (i = 0; i < plug.nr_backings; ++i)
+    if (plug.backings[i].readonly)
       return 0;
   return 1;
 }
@@ -1192,9 +490,9 @@ plugin_can_trim (void *handle)
 {
   size_t i;
 
-  for (i = 0; i < nr_backings; ++i)
-    if (backings[i].remote == NULL ||
-        remote_info (backings[i].remote)->can_trim)
+  for (i = 0; i < plug.nr_backings; ++i)
+    if (plug.backings[i].remote == NULL ||
+        remote_info (plug.backings[i].remote)->can_trim)
       return 1;
   return 0;
 }
@@ -1264,10 +562,10 @@ plugin_block_size (void *handle,
    */
   *minimum = export_min_block ();
   *preferred = MAX (4096u, *minimum);
-  for (i = 0; i < nr_backings; ++i)
-    if (backings[i].remote)
+  for (i = 0; i < plug.nr_backings; ++i)
+    if (plug.backings[i].remote)
       *preferred = MAX (*preferred,
-                        remote_info (backings[i].remote)->pref_block);
+                        remote_info (plug.backings[i].remote)->pref_block);
   *maximum = 32 * 1024 * 1024;
   *preferred = MIN (*preferred, *maximum);
   return 0;
@@ -1322,6 +620,90 @@ plugin_flush (void *handle, uint32_t flags)
   return r;
 }
 
+/* An extents answer under construction: the part of the export that
+ * one backing file's piece covers, walked from its start.
+ */
+struct extents_walk {
+  struct nbdkit_extents *extents;       /* nbdkit's, filled here. */
+  struct backing *b;
+  uint64_t off;                 /* Next offset in the backing file. */
+  uint64_t exp;                 /* The same place in the export. */
+  uint64_t left;                /* Bytes of the piece not yet answered. */
+};
+
+/* Answer len bytes at w's place with nbdkit's extent flags fl, and
+ * move on.  Returns 0, or -1 (nbdkit_add_extent said why).
+ */
+static int
+extents_add (struct extents_walk *w, uint64_t len, uint32_t fl)
+{
+  if (nbdkit_add_extent (w->extents, w->exp, len, fl) == -1)
+    return -1;
+  w->off += len;
+  w->exp += len;
+  w->left -= len;
+  return 0;
+}
+
+/* nbdkit's extent flags for an NBD server's block status flags. */
+static uint32_t
+extent_flags_of_remote (uint32_t flags)
+{
+  uint32_t fl = 0;
+
+  if (flags & LIBNBD_STATE_HOLE)
+    fl |= NBDKIT_EXTENT_HOLE;
+  if (flags & LIBNBD_STATE_ZERO)
+    fl |= NBDKIT_EXTENT_ZERO;
+  return fl;
+}
+
+/* A piece on an NBD server: one block status round trip answers many
+ * extents; take them all, and more round trips for the rest, unless
+ * the client wants one (req_one).  Returns 0, or -1 after nbdkit_error.
+ */
+static int
+extents_remote (struct extents_walk *w, bool req_one)
+{
+  while (w->left > 0) {
+    struct remote_extent ext[64];
+    int n = remote_extents (w->b->remote, w->off, w->left, ext, 64), k;
+
+    if (n == -1) {
+      nbdkit_error ("file=%s: block status: %m", w->b->name);
+      return -1;
+    }
+    for (k = 0; k < n && w->left > 0; ++k)
+      if (extents_add (w, MIN (ext[k].length, w->left),
+                       extent_flags_of_remote (ext[k].flags)) == -1)
+        return -1;
+    if (req_one)
+      break;
+  }
+  return 0;
+}
+
+/* A piece of a local file: data and holes (SEEK_DATA, SEEK_HOLE), the
+ * whole piece.  Returns 0, or -1 after nbdkit_error.
+ */
+static int
+extents_local (struct extents_walk *w)
+{
+  while (w->left > 0) {
+    uint64_t len;
+    bool hole;
+
+    if (backing_extent (w->b, w->off, w->left, &len, &hole) == -1) {
+      nbdkit_error ("file=%s: lseek: %m", w->b->name);
+      return -1;
+    }
+    if (extents_add (w, len, hole ? NBDKIT_EXTENT_HOLE | NBDKIT_EXTENT_ZERO
+                     : 0) == -1)
+      return -1;
+  }
+  return 0;
+}
+
 static int
 extents_answer (void *handle, uint32_t count, uint64_t offset,
                 uint32_t flags, struct nbdkit_extents *extents)
@@ -1330,9 +712,10 @@ extents_answer (void *handle, uint32_t count, uint64_t offset,
   struct layout_iter it;
   struct layout_piece p;
   unsigned pieces = 0;
+  bool req_one = flags & NBDKIT_FLAG_REQ_ONE;
 
   stats_count (&c->stats.client[STATS_C_EXTENTS], count);
-  if (layout_iter_init (&it, &layout, offset, count) == -1) {
+  if (layout_iter_init (&it, &plug.layout, offset, count) == -1) {
     nbdkit_error ("extents beyond the end of the export");
     errno = EINVAL;
     return -1;
@@ -1342,53 +725,17 @@ extents_answer (void *handle, uint32_t count, uint64_t offset,
     return -1;
   /* A client asks again for the rest; bound the work of one call. */
   while (layout_iter_next (&it, &p) && pieces++ < 256) {
-    uint64_t off = p.offset, left = p.count, exp = offset + p.buf_offset;
-    struct remote *rem = backings[p.backing].remote;
+    struct extents_walk w = {
+      .extents = extents,
+      .b = &plug.backings[p.backing],
+      .off = p.offset,
+      .exp = offset + p.buf_offset,
+      .left = p.count,
+    };
 
-    /* A server answers many extents per round trip: take them all. */
-    while (rem && left > 0) {
-      struct remote_extent ext[64];
-      int n = remote_extents (rem, off, left, ext, 64), k;
-
-      if (n == -1) {
-        nbdkit_error ("file=%s: block status: %m", backings[p.backing].name);
-        return -1;
-      }
-      for (k = 0; k < n && left > 0; ++k) {
-        uint64_t len = MIN (ext[k].length, left);
-        uint32_t fl = 0;
-
-        if (ext[k].flags & LIBNBD_STATE_HOLE)
-          fl |= NBDKIT_EXTENT_HOLE;
-        if (ext[k].flags & LIBNBD_STATE_ZERO)
-          fl |= NBDKIT_EXTENT_ZERO;
-        if (nbdkit_add_extent (extents, exp, len, fl) == -1)
-          return -1;
-        off += len;
-        exp += len;
-        left -= len;
-      }
-      if (flags & NBDKIT_FLAG_REQ_ONE)
-        return 0;
-    }
-    while (left > 0) {
-      uint64_t len;
-      bool hole;
-
-      if (backing_extent (&backings[p.backing], off, left, &len,
-                          &hole) == -1) {
-        nbdkit_error ("file=%s: lseek: %m", backings[p.backing].name);
-        return -1;
-      }
-      if (nbdkit_add_extent (extents, exp, len,
-                             hole ? NBDKIT_EXTENT_HOLE | NBDKIT_EXTENT_ZERO
-                             : 0) == -1)
-        return -1;
-      off += len;
-      exp += len;
-      left -= len;
-    }
-    if (flags & NBDKIT_FLAG_REQ_ONE)
+    if (w.b->remote ? extents_remote (&w, req_one) : extents_local (&w))
+      return -1;
+    if (req_one)
       break;
   }
   return 0;
@@ -1402,17 +749,17 @@ cache_answer (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   struct layout_piece p;
 
   stats_count (&c->stats.client[STATS_C_CACHE], count);
-  if (layout_iter_init (&it, &layout, offset, count) == -1) {
+  if (layout_iter_init (&it, &plug.layout, offset, count) == -1) {
     nbdkit_error ("cache beyond the end of the export");
     errno = EINVAL;
     return -1;
   }
   while (layout_iter_next (&it, &p)) {
-    if (!backing_aligned (&backings[p.backing], "cache", p.offset, p.count))
+    if (!backing_aligned (&plug.backings[p.backing], "cache", p.offset, p.count))
       return -1;
-    if (backing_cache (&backings[p.backing], p.count, p.offset) == -1) {
-      nbdkit_error ("file=%s: %s: %m", backings[p.backing].name,
-                    backings[p.backing].remote ? "cache" : "posix_fadvise");
+    if (backing_cache (&plug.backings[p.backing], p.count, p.offset) == -1) {
+      nbdkit_error ("file=%s: %s: %m", plug.backings[p.backing].name,
+                    plug.backings[p.backing].remote ? "cache" : "posix_fadvise");
       return -1;
     }
   }
@@ -1438,47 +785,17 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   return r;
 }
 
-#define plugin_config_help \
-  "file=PATH|URI           Backing file, block device or NBD URI (nbd://HOST:PORT/EXPORT,\n" \
-  "                        nbd+unix:///EXPORT?socket=PATH, nbds://...); repeat: concatenated.\n" \
-  "stripe=SIZE             Stripe the files (RAID-0) in units of SIZE (>= 4k).\n" \
-  "mode=writeback|hold     Acknowledge when held (default) or when written.\n" \
-  "idle=DURATION           Unplug when no request came for this long (1ms).\n" \
-  "max-delay=DURATION      Unplug when the oldest held request is this old (10ms).\n" \
-  "max-requests=N          Unplug at N held requests (256).\n" \
-  "max-bytes=SIZE          Unplug at SIZE held write bytes; memory bound (4M).\n" \
-  "max-merge=SIZE          Largest merged backend I/O (1M).\n" \
-  "max-inflight=N          Backend I/Os in flight per file, all connections (64).\n" \
-  "io-threads=N            Threads issuing backend I/O, all connections (16).\n" \
-  "remote-connections=N    NBD connections per URI if it allows multi-conn (4).\n" \
-  "remote-queue-depth=N    Backend I/Os in flight per NBD URI, all connections (64).\n" \
-  "connect-timeout=DURATION One attempt to connect to an NBD server (10s).\n" \
-  "connect-retry=DURATION  At start, keep trying an NBD server this long (0: once).\n" \
-  "direct=auto|always|never Write what cannot merge at once, unplugged: to\n" \
-  "                        local files (auto), to every file, or never.\n" \
-  "direct-size=SIZE        With direct=auto, also requests this large (64k;\n" \
-  "                        1M with an NBD server as a backing file; 0: off).\n" \
-  "requeue-delay=DURATION  First retry after EAGAIN/ENOMEM (3ms).\n" \
-  "requeue-max-delay=DURATION\n" \
-  "                        Backoff cap (100ms).\n" \
-  "requeue-timeout=DURATION\n" \
-  "                        Give up with EIO after this long (10s).\n" \
-  "lock=BOOL               Lock the files against other processes (yes).\n" \
-  "stats-file=PATH         Write JSON statistics here.\n" \
-  "stats-interval=DURATION Rewrite stats-file= this often while connections\n" \
-  "                        are open (2s; at least 100ms; 0: only at close\n" \
-  "                        and exit)."
-
 static struct nbdkit_plugin plugin = {
   .name = "plug",
   .longname = "nbdkit plug plugin (explicit block plugging for NBD)",
   .version = PACKAGE_VERSION,
   .description = "Collect, sort and merge NBD requests into fewer, "
                  "larger backend I/Os",
+  .load = plugin_load,
   .unload = plugin_unload,
   .config = plugin_config,
   .config_complete = plugin_config_complete,
-  .config_help = plugin_config_help,
+  .config_help = config_help,
   .magic_config_key = "file",
   .get_ready = plugin_get_ready,
   .after_fork = plugin_after_fork,

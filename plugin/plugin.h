@@ -2,13 +2,11 @@
  * Copyright the nbdplug authors (see LICENSE).
  */
 
-/* plugin.h: the plugin's global state, shared by plugin.c, conn.c,
- * loop.c and backing.c.
+/* plugin.h: what the entry room (plugin.c) offers the rest of the
+ * plugin: the debug flags and the clock.
  *
- * Everything here is written during configuration (.config,
- * .config_complete, .get_ready: single threaded) and read-only after
- * that, except the statistics totals (under stats_lock) and the
- * injection counter (atomic).
+ * The debug flags are set by nbdkit before .config and read-only after
+ * that; the injection counter is atomic.
  */
 #ifndef NBDPLUG_PLUGIN_H
 #define NBDPLUG_PLUGIN_H
@@ -17,10 +15,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "layout.h"
-#include "plug.h"
-#include "retry.h"
+#include "plug-config.h"
 #include "stats.h"
+#include "statsfile.h"            /* stats_write_live, for loop.c. */
 
 /* A thread-local variable of the plugin.  initial-exec: it lives in the
  * thread's static TLS block (ld.so reserves room for dlopen'd objects),
@@ -34,87 +31,12 @@
  */
 #define PLUG_THREAD_LOCAL __thread __attribute__ ((tls_model ("initial-exec")))
 
-enum plug_mode {
-  MODE_WRITEBACK,               /* Acknowledge once held (copied). */
-  MODE_HOLD,                    /* Acknowledge once the backend did it. */
-};
-
-/* direct=: which requests skip the plug (conn.c, the direct path). */
-enum plug_direct {
-  DIRECT_NEVER,                 /* None: everything is plugged. */
-  DIRECT_AUTO,                  /* What cannot merge, to a backing file
-                                 * that writes it about as fast as the
-                                 * plug copies it (a local file); to an
-                                 * NBD server in writeback mode only
-                                 * direct-size= requests. */
-  DIRECT_ALWAYS,                /* What cannot merge, to any file. */
-};
-
-struct config {
-  enum plug_mode mode;
-  uint64_t idle_ns;             /* 0: unplug when the queue is drained. */
-  uint64_t max_delay_ns;
-  struct plug_limits lim;
-  unsigned max_inflight;
-  unsigned io_threads;          /* Threads issuing runs (iopool). */
-  enum plug_direct direct;
-  uint64_t direct_size;          /* direct-size=: so do requests this
-                                 * large. */
-  struct retry_policy retry;
-  bool shared;                  /* lock=no: no lock on the files. */
-  const char *statsfile;        /* Owned (nbdkit_realpath-like copy). */
-  unsigned remote_connections;  /* remote-connections=: handles per NBD
-                                 * URI (where it allows multi-conn). */
-  unsigned remote_queue_depth;  /* remote-queue-depth=: runs in flight
-                                 * per NBD URI. */
-  uint64_t stats_interval_ns;   /* stats-interval=: rewrite stats-file=
-                                 * this often while connections are
-                                 * open; 0: only at close and exit. */
-  uint64_t connect_timeout_ns;  /* connect-timeout=: one attempt to
-                                 * connect to an NBD server. */
-  uint64_t connect_retry_ns;    /* connect-retry=: keep trying at start
-                                 * for this long. */
-  const char *connect_timeout_text;  /* Both as given (or the default). */
-  const char *connect_retry_text;
-};
-
-extern struct config cfg;
-extern struct layout layout;
-extern struct backing *backings;  /* Owned: [layout.nr]. */
-extern size_t nr_backings;
-
 /* Debug flags (-D plug.NAME=N). */
 extern int plug_debug_stats;
 extern int plug_debug_unplug;
-extern int plug_debug_inject_eagain;
-extern int plug_debug_backend_delay_us;
 
 /* Monotonic clock in nanoseconds. */
 extern uint64_t now_ns (void);
 
-/* Count one backend operation for -D plug.inject_eagain=N: returns true
- * if this one must fail with EAGAIN.  Any thread.
- */
-extern bool inject_eagain (void);
-
-struct conn;
-
-/* A connection closes: take it out of the registry, add its statistics
- * to the totals and rewrite stats-file= (if any), all under stats_lock.
- * Context: .close.  Returns how many connections are left.
- */
-extern size_t stats_publish_close (struct conn *c);
-
-/* Rewrite stats-file= (if any) with the live figures.  Takes stats_lock,
- * then conns_lock and eng_lock briefly (conns_live).  Context: the
- * timer thread, every stats-interval= while connections are open.
- */
-extern void stats_write_live (void);
-
-static inline const char *
-mode_name (enum plug_mode m)
-{
-  return m == MODE_HOLD ? "hold" : "writeback";
-}
 
 #endif /* NBDPLUG_PLUGIN_H */

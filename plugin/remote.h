@@ -16,10 +16,11 @@
  * THREAD LOCKING EXAMPLE), so that many commands are in flight at once
  * without a thread per command.
  *
- * Runs (merged writes, zeroes, trims) are asynchronous: remote_submit
- * queues one, the loop splits it at the server's maximum payload into
- * one or more NBD commands, and when the last of them is answered hands
- * the run back to the engine (glue_runs_done), first error first.  The
+ * It is a backend (backend.h, remote_backend): runs (merged writes,
+ * zeroes, trims) are asynchronous: its issue queues one, the loop
+ * splits it at the server's maximum payload into one or more NBD
+ * commands, and when the last of them is answered hands the run back
+ * through its done callback, first error first.  The
  * libnbd completion callbacks only record results: no nbd_* call on the
  * handle from inside one.  "Not now" is the engine's business: a
  * server's ENOMEM, libnbd's own ENOMEM/EAGAIN, and a connection that is
@@ -36,7 +37,7 @@
  *
  * What a connection answered (writes and zeroes, without FUA) is kept as
  * ranges until a FLUSH covers it; a connection that dies before hands
- * them to the engine as lost (glue_record_lost: the server may have
+ * them to the caller as lost (remote_config.lost: the server may have
  * died too and come back from its last synced state), and a FLUSH
  * requested before that fails with EIO.
  *
@@ -44,7 +45,7 @@
  * capped exponential backoff (retry_delay() from src/retry.h,
  * requeue-delay= up to requeue-max-delay=).  A server that came back with
  * an export that differs from struct remote_info in a way the plug
- * relies on (export_differs in remote.c) is not used, and is probed
+ * relies on (export_differs in remote-conn.c) is not used, and is probed
  * slowly by one connection (DIFFERS_RETRY_NS).  A connection that
  * cannot be opened while another to the same server works is tried
  * again rarely (SPARE_RETRY_NS): the server is served on the others.
@@ -61,8 +62,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine.h"
+#include "backend.h"
 #include "retry.h"
+#include "stats.h"
 
 /* Most handles per remote (remote-connections= upper bound). */
 #define REMOTE_MAX_CONNS 16
@@ -110,6 +112,8 @@ struct remote_config {
                                  * keeps trying; 0: one attempt. */
   const char *connect_timeout_text;  /* Both as given, for messages. */
   const char *connect_retry_text;
+  backend_lost_fn *lost;        /* Where answered data that a dead
+                                 * connection may have lost is told. */
 };
 
 /* Is name an NBD URI (one of libnbd's schemes)?  Nothing else of the
@@ -131,8 +135,14 @@ extern const char *remote_uri_schemes (void);
 extern struct remote *remote_open (const char *uri,
                                    const struct remote_config *rcfg);
 
-/* Close the handles and free r (context: .unload, after remote_stop). */
+/* Close the handles and free r (context: .unload, after remote_stop);
+ * also the backend's close.
+ */
 extern void remote_close (struct remote *r);
+
+/* r as a backend (backend.h): the same object, closed by its close. */
+extern struct backend *remote_backend (struct remote *r)
+  __attribute__ ((__nonnull__ (1)));
 
 extern const struct remote_info *remote_info (const struct remote *r);
 
@@ -142,7 +152,6 @@ extern const struct remote_info *remote_info (const struct remote *r);
 extern void remote_stats (const struct remote *r, uint64_t now,
                           struct stats_file_live *f)
   __attribute__ ((__nonnull__ (1, 3)));
-extern const char *remote_uri (const struct remote *r);
 
 /* Start r's loop thread (context: .after_fork).  Returns 0 or -1 after
  * nbdkit_error.
@@ -153,17 +162,6 @@ extern int remote_start (struct remote *r);
  * answered (context: .cleanup, after everything was written out).
  */
 extern void remote_stop (struct remote *r);
-
-/* Issue run (in flight, owned by the engine) to r.  Returns true if it
- * was queued: its result comes later through glue_runs_done.  Returns
- * false with *err set when the run is done at once: 0 (nothing to send:
- * a trim the server cannot do, which is advisory), ENOTSUP (a fast zero
- * the server cannot do fast), EAGAIN (no connection is up), ENOMEM, or
- * the result of the synchronous path (the loop is not running).  Any
- * thread but r's loop thread may hold no lock of the engine.
- */
-extern bool remote_submit (struct remote *r, struct eng_run *run, int *err)
-  __attribute__ ((__nonnull__ (1, 2, 3)));
 
 /* Requests whose thread waits for the answer.  Start several (on one or
  * several remotes), then wait for all of them:

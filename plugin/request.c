@@ -2,11 +2,15 @@
  * Copyright the nbdplug authors (see LICENSE).
  */
 
-/* request.c: request blocks, recycled.  See request.h. */
+/* request.c: requests, their pieces and their data, in blocks that
+ * are recycled.  See request.h.
+ */
 
 #include <config.h>
 
+#include <assert.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -17,9 +21,10 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "backing.h"
 #include "cleanup.h"
 #include "glue.h"
-#include "plugin.h"
+#include "layout.h"
 #include "request.h"
 
 /* A recycled block has room for this many pieces: a request has one
@@ -66,6 +71,13 @@ static size_t cache_len[REQ_CLASSES];
  * Not per thread: 300 connections have 4,800 worker threads.
  */
 static size_t kept_bytes;
+static size_t kept_max;                 /* max-bytes=, from request_init. */
+
+/* The export's layout and backing files, borrowed from the entry
+ * (request_init): read-only until .unload.
+ */
+static const struct layout *layout;
+static struct backing *backings;
 
 static void
 kept_sub (size_t n)
@@ -140,6 +152,196 @@ request_alloc (size_t nr_pieces, size_t room)
   return r;
 }
 
+/* Pieces of a request mapped on the stack; more files take malloc. */
+#define STACK_PIECES 16
+
+/* One piece per backing file (layout_map_files): a 4 GiB zero over
+ * two striped files is two pieces, not one per stripe unit, so that
+ * what the engine does for it under eng_lock (add, sort, merge, look
+ * for overlaps) is bounded by the number of files, whatever the client
+ * sent.
+ */
+/* request_new's body, inlined into request_new_write too: a write,
+ * the common request, makes no call more for its pieces.
+ */
+static inline __attribute__ ((always_inline)) struct request *
+request_make (enum eng_kind kind, uint64_t offset, uint64_t count,
+              uint32_t flags, size_t room)
+{
+  struct layout_piece stack[STACK_PIECES], *lp = stack;
+  struct layout_iter it;
+  struct request *r;
+  size_t n = 0, i;
+  uint32_t pflags = 0;
+
+  if (count > 0) {
+    /* nbdkit checks bounds too, but the layout never trusts its caller. */
+    if (layout_iter_init (&it, layout, offset, count) == -1) {
+      nbdkit_error ("request beyond the end of the export: offset %" PRIu64
+                    " count %" PRIu64 " size %" PRIu64,
+                    offset, count, layout->size);
+      errno = EINVAL;
+      return NULL;
+    }
+    n = layout_nr_file_pieces (layout, offset, count);
+  }
+  /* The cap of the engine's work per request: one piece per file. */
+  assert (n <= layout->nr);
+  if (n > STACK_PIECES && (lp = malloc (n * sizeof *lp)) == NULL) {
+    nbdkit_error ("malloc: %m");
+    return NULL;
+  }
+  if (n > 0) {
+    size_t mapped;
+    int ret = layout_map_files (layout, offset, count, lp, &mapped);
+
+    assert (ret == 0 && mapped == n);
+    (void) ret;
+  }
+  r = request_alloc (n, room);
+  if (r == NULL) {
+    nbdkit_error ("calloc: %m");
+    goto out;
+  }
+  r->op.kind = kind;
+  r->op.flags = flags;
+  r->op.offset = offset;
+  r->op.count = count;
+  r->op.nr_pieces = n;
+  r->op.pieces = r->pieces;
+  if (flags & ENG_F_MAY_TRIM)
+    pflags |= PLUG_F_MAY_TRIM;
+  if (flags & ENG_F_FAST)
+    pflags |= PLUG_F_FAST;
+
+  for (i = 0; i < n; ++i) {
+    struct plug_piece *p = &r->pieces[i];
+
+    /* Reads are checked by conn_pread; a barrier for block status may
+     * be misaligned (that answer is "data" then).  A piece starts
+     * where the request enters its file and ends where it leaves it,
+     * and the stripe is a multiple of every file's block size
+     * (check_stripe_alignment), so it is aligned when the request is.
+     */
+    if (kind <= ENG_TRIM &&
+        !backing_aligned (&backings[lp[i].backing],
+                          kind == ENG_WRITE ? "write" :
+                          kind == ENG_ZERO ? "zero" : "trim",
+                          lp[i].offset, lp[i].count)) {
+      request_free (&r->op);
+      r = NULL;
+      goto out;
+    }
+
+    p->op = kind <= ENG_TRIM ? (enum plug_op) kind : PLUG_OP_WRITE;
+    p->flags = pflags;
+    p->backing = lp[i].backing;
+    p->offset = lp[i].offset;
+    p->count = lp[i].count;
+    p->buf = NULL;
+  }
+ out:
+  if (lp != stack)
+    free (lp);
+  return r;
+}
+
+struct request *
+request_new (enum eng_kind kind, uint64_t offset, uint64_t count,
+             uint32_t flags, size_t room)
+{
+  return request_make (kind, offset, count, flags, room);
+}
+
+/* Point each piece at its bytes in data (NULL for zero and trim).  The
+ * pieces' bytes follow each other in data, in the pieces' order:
+ * where the client put them when the pieces tile the request, and in
+ * a gathered copy otherwise (request_copy_data).
+ */
+static void
+request_set_data (struct request *r, const char *data)
+{
+  uint64_t off = 0;
+  size_t i;
+
+  for (i = 0; i < r->op.nr_pieces; ++i) {
+    r->pieces[i].buf = data ? data + off : NULL;
+    off += r->pieces[i].count;
+  }
+}
+
+/* Copy data (as the client sent it) into r's room, piece after piece
+ * (gathered from where the stripe put them when gather: see struct
+ * request_place), and point the pieces at the copy.
+ */
+static void
+request_copy_data (struct request *r, const char *data, bool gather)
+{
+  char *d;
+  size_t i;
+
+  r->copy = request_room (r);
+  if (!gather)
+    memcpy (r->copy, data, r->op.count);
+  else
+    for (i = 0, d = r->copy; i < r->op.nr_pieces; d += r->pieces[i++].count) {
+      const struct layout_piece lp = {
+        .backing = r->pieces[i].backing,
+        .offset = r->pieces[i].offset,
+        .count = r->pieces[i].count,
+      };
+
+      layout_gather_piece (layout, r->op.offset, &lp, data, d);
+    }
+  request_set_data (r, r->copy);
+}
+
+struct request *
+request_new_write (uint64_t offset, uint64_t count, uint32_t flags,
+                   const void *data, const struct request_place *place)
+{
+  struct request *r = request_make (ENG_WRITE, offset, count, flags,
+                                    place->slot ? 0 : place->room);
+
+  if (r == NULL)
+    return NULL;
+  if (place->slot) {
+    /* Placed by offset, copied outside the lock: the slot is ours. */
+    memcpy (place->slot, data, count);
+    r->copy = place->slot;
+    r->chunk = place->chunk;
+    request_set_data (r, place->slot);
+  }
+  else if (r->room >= count)
+    request_copy_data (r, data, place->gather);
+  else
+    request_set_data (r, data);
+  return r;
+}
+
+/* A block with room for the copy: recycled like every other block,
+ * where a buffer of its own would go back to malloc, which trims its
+ * heap and faults the pages in again at the next one.
+ */
+struct request *
+request_with_copy (struct request *r, const void *data)
+{
+  struct request *n = request_alloc (r->op.nr_pieces, r->op.count);
+
+  if (n == NULL) {
+    nbdkit_error ("malloc: %m");
+    request_free (&r->op);
+    return NULL;
+  }
+  n->op = r->op;
+  n->op.pieces = n->pieces;
+  memcpy (n->pieces, r->pieces, r->op.nr_pieces * sizeof *n->pieces);
+  request_copy_data (n, data, layout_range_scattered (layout, r->op.offset,
+                                                     r->op.count));
+  request_free (&r->op);
+  return n;
+}
+
 void
 request_free (struct eng_op *op)
 {
@@ -160,7 +362,7 @@ request_recycle_locked (struct eng_actions *a)
 
     if (r->cls >= 0 && r->chunk == NULL && cache_len[r->cls] < CACHE_SLOTS &&
         __atomic_load_n (&kept_bytes, __ATOMIC_RELAXED) +
-        class_size (r->cls) <= cfg.lim.max_bytes) {
+        class_size (r->cls) <= kept_max) {
       __atomic_add_fetch (&kept_bytes, class_size (r->cls),
                           __ATOMIC_RELAXED);
       list_unlink (&op->release_link);
@@ -224,7 +426,7 @@ request_trim (void)
 }
 
 int
-request_init (void)
+request_init (uint64_t max_bytes, const struct layout *l, struct backing *b)
 {
   int err = pthread_key_create (&spare_key, spare_exit);
 
@@ -234,6 +436,9 @@ request_init (void)
     return -1;
   }
   spare_key_made = true;
+  kept_max = max_bytes;
+  layout = l;
+  backings = b;
   return 0;
 }
 

@@ -325,16 +325,6 @@ plug_merge (struct plug_piece *const *reqs, size_t n,
   return 0;
 }
 
-void
-plug_runs_free (plug_run_vector *runs)
-{
-  size_t i;
-
-  for (i = 0; i < runs->len; ++i)
-    plug_run_free (runs->ptr[i]);
-  plug_run_vector_reset (runs);
-}
-
 int
 plug_take_runs (struct plug *p, plug_run_vector *runs)
 {

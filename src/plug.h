@@ -277,8 +277,4 @@ extern int plug_merge (struct plug_piece *const *reqs, size_t n,
                        const struct plug_limits *lim, plug_run_vector *runs)
   __attribute__ ((__nonnull__ (3, 4)));
 
-/* Free every run in *runs and empty it. */
-extern void plug_runs_free (plug_run_vector *runs)
-  __attribute__ ((__nonnull__ (1)));
-
 #endif /* NBDPLUG_PLUG_H */

@@ -14,7 +14,7 @@
 # offset mapped to its file by the test, not by the plugin).  After the
 # server has exited the backing files, joined with cat, equal the image
 # the writes should have made, at their original sizes.  Both modes.
-# Shown able to fail: with request_set_data (plugin/conn.c) pointing
+# Shown able to fail: with request_set_data (plugin/request.c) pointing
 # every piece of a write at the start of the client's data instead of
 # at its own slice, "two files: read back through NBD differs from the
 # write at export offset 300007" (writes of one repeated byte, checked

@@ -21,7 +21,7 @@
 # byte for byte.  The statistics show both paths taken (direct writes,
 # and fewer backend writes than plugged ones), and the shim counts the
 # calls it shortened.
-# Shown able to fail: with write_iov (plugin/backing.c) not advancing
+# Shown able to fail: with write_iov (plugin/file.c) not advancing
 # the offset after a short write, "the export does not read back as the
 # reference"; with it returning after the first call as if the short
 # write were complete, the same; with the iovec element written in part

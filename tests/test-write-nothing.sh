@@ -18,7 +18,7 @@
 # with 0.  Each client runs under timeout: a server that spins on the
 # 0 never answers, and the client then fails on its own (its error is
 # what is asserted, not a duration).
-# Shown able to fail: with write_iov (plugin/backing.c) taking a 0 as
+# Shown able to fail: with write_iov (plugin/file.c) taking a 0 as
 # progress, as it did, the client times out (the pool thread spins).
 source ./functions.sh
 set -e

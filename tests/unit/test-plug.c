@@ -27,6 +27,19 @@
 #define ARRAY_SIZE(a) (sizeof (a) / sizeof ((a)[0]))
 
 /* Generous limits, so that only the limits a case sets matter. */
+/* Free every run in *runs and empty it (the engine frees each run as
+ * it completes; a test frees them all at once).
+ */
+static void
+plug_runs_free (plug_run_vector *runs)
+{
+  size_t i;
+
+  for (i = 0; i < runs->len; ++i)
+    plug_run_free (runs->ptr[i]);
+  plug_run_vector_reset (runs);
+}
+
 static const struct plug_limits big_limits = {
   .max_requests = 1000, .max_bytes = UINT64_C (1) << 40,
   .max_merge = UINT64_C (1) << 40, .max_iov = 1024,
