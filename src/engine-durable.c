@@ -130,7 +130,7 @@ span_cut (span_vector *v, uint64_t start, uint64_t end, uint64_t seq)
  * that covers it answers.
  */
 void
-record_lost (struct engine *e, uint32_t b, struct span sp)
+record_add (struct engine *e, uint32_t b, struct span sp)
 {
   struct eng_file *f = &e->files[b];
   size_t before = f->lost.len;
@@ -395,7 +395,7 @@ sync_failed (struct engine *e, uint32_t b, int err, uint64_t now)
       struct span sp = sets[k]->ptr[i];
 
       sp.err = err;
-      record_lost (e, b, sp);
+      record_add (e, b, sp);
       n++;
     }
   /* The rewrites it covered, and those written since, are lost too:
@@ -453,7 +453,7 @@ engine_record_lost (struct engine *e, uint32_t b, uint64_t offset,
     .seq_lo = seq_lo, .seq_hi = seq_hi, .err = err,
   };
 
-  record_lost (e, b, sp);
+  record_add (e, b, sp);
 }
 
 /* Every piece of mutation op finished. */
@@ -668,7 +668,7 @@ run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
         .seq_lo = p->seq, .seq_hi = p->seq, .err = err,
       };
 
-      record_lost (e, p->backing, sp);
+      record_add (e, p->backing, sp);
     }
     assert (op->pending > 0);
     if (--op->pending == 0)

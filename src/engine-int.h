@@ -647,7 +647,7 @@ extern void
 run_finish (struct engine *e, struct eng_run *r, int err, uint64_t now,
             struct eng_actions *out);
 extern void
-record_lost (struct engine *e, uint32_t b, struct span sp);
+record_add (struct engine *e, uint32_t b, struct span sp);
 extern void
 wait_sync (struct engine *e, struct eng_op *op, uint64_t now,
            struct eng_actions *out);
