@@ -35,6 +35,7 @@
 #include "clock.h"
 #include "engine.h"            /* eng_add_ns */
 #include "minmax.h"
+#include "log.h"
 #include "ratelimit.h"
 #include "remote.h"
 #include "remote-int.h"
@@ -510,17 +511,6 @@ watch (struct remote *r, struct rconn *c)
   }
 }
 
-/* " (and N more since the last message)" into buf, or "". */
-static const char *
-more_msg (char *buf, size_t len, uint64_t suppressed)
-{
-  buf[0] = '\0';
-  if (suppressed)
-    snprintf (buf, len, " (and %" PRIu64 " more since the last message)",
-              suppressed);
-  return buf;
-}
-
 /* Connecting c failed (before it was ready): when to try again.  The
  * engine's backoff in an outage; the spare one while others work.
  * Context: the loop thread, or remote_open before it runs.
@@ -529,8 +519,7 @@ static void
 open_failed (struct remote *r, struct rconn *c, const char *why)
 {
   unsigned up = __atomic_load_n (&r->nr_ready, __ATOMIC_SEQ_CST);
-  uint64_t now = clock_now_ns (), delay, suppressed;
-  char more[64];
+  uint64_t now = clock_now_ns (), delay;
 
   nbdkit_debug ("file=%s: connection %u: connecting failed: %s",
                 r->uri, c->idx, why);
@@ -539,18 +528,17 @@ open_failed (struct remote *r, struct rconn *c, const char *why)
     delay = MIN (delay, SPARE_RETRY_MAX_NS);
     /* Never faster than in an outage (a long requeue-max-delay=). */
     delay = MAX (delay, reconnect_delay (r, c->attempts));
+    /* The loop thread owns short_log: no lock. */
     if (!r->short_logged &&
-        ratelimit_allow (&r->short_log, now, &suppressed)) {
-      nbdkit_error ("file=%s: connection %u of %u cannot be opened while "
-                    "%u %s up (%s): going on with those; trying again "
-                    "after %.0f s, then less and less often (up to every "
-                    "%.0f s)%s",
-                    r->uri, c->idx, r->info.nr_conns, up,
-                    up == 1 ? "is" : "are", why, SPARE_RETRY_NS / 1e9,
-                    SPARE_RETRY_MAX_NS / 1e9,
-                    more_msg (more, sizeof more, suppressed));
+        log_error_limited (&r->short_log, NULL,
+                           "file=%s: connection %u of %u cannot be opened "
+                           "while %u %s up (%s): going on with those; "
+                           "trying again after %.0f s, then less and less "
+                           "often (up to every %.0f s)",
+                           r->uri, c->idx, r->info.nr_conns, up,
+                           up == 1 ? "is" : "are", why,
+                           SPARE_RETRY_NS / 1e9, SPARE_RETRY_MAX_NS / 1e9))
       r->short_logged = true;
-    }
   }
   else
     delay = reconnect_delay (r, c->attempts);
@@ -646,19 +634,18 @@ start_connect (struct remote *r, struct rconn *c)
  * not the one we had (export_differs): then it is given up on.
  */
 bool
-conn_ready (struct remote *r, struct rconn *c)
+rconn_ready (struct remote *r, struct rconn *c)
 {
-  uint64_t now = clock_now_ns (), suppressed;
+  uint64_t now = clock_now_ns ();
   unsigned up;
-  char why[256], more[64];
+  char why[256];
 
   if (export_differs (r, c->nbd, why, sizeof why)) {
     /* Every connection finds the same: one line a second at most. */
-    if (ratelimit_allow (&r->differs_log, now, &suppressed))
-      nbdkit_error ("file=%s: the server came back with an export that "
-                    "differs (%s): not using it; looking again every "
-                    "%.1f s%s", r->uri, why, differs_delay (r) / 1e9,
-                    more_msg (more, sizeof more, suppressed));
+    log_error_limited (&r->differs_log, NULL,
+                       "file=%s: the server came back with an export that "
+                       "differs (%s): not using it; looking again every "
+                       "%.1f s", r->uri, why, differs_delay (r) / 1e9);
     r->differs = true;
     r->probe_at_ns = eng_add_ns (now, differs_delay (r));
     rconn_lost (r, c, "the export differs");

@@ -281,7 +281,7 @@ remote_of (struct backend *be)
 extern void watch (struct remote *r, struct rconn *c);
 extern uint64_t attempt_at (const struct remote *r, const struct rconn *c);
 extern void start_connect (struct remote *r, struct rconn *c);
-extern bool conn_ready (struct remote *r, struct rconn *c);
+extern bool rconn_ready (struct remote *r, struct rconn *c);
 extern void rconn_lost (struct remote *r, struct rconn *c, const char *why);
 
 /* remote-cmd.c: the command model. */

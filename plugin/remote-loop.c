@@ -358,7 +358,7 @@ settle (struct remote *r)
         again = true;
       }
       else if (c->state == RCONN_CONNECTING && nbd_aio_is_ready (c->nbd)) {
-        if (conn_ready (r, c))
+        if (rconn_ready (r, c))
           unpark (r);
         again = true;
       }
