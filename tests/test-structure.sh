@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Copyright the nbdplug authors (see LICENSE).
 
-# test-structure.sh - the plugin's rooms keep to themselves (issue 35).
+# test-structure.sh - the plugin's rooms keep to themselves.
 # Reads the source tree only.  Four rules:
 #  1. a backend (plugin/backing*, plugin/remote*, plugin/backend*,
 #     plugin/file.*)
@@ -16,21 +16,15 @@
 #  4. no source file under src/ or plugin/ passes 900 lines.
 # Every violation is printed, one a line ("RULE: FILE:LINE: what").
 #
-# Enforcement: with enforce=yes (below, or PLUG_STRUCTURE_ENFORCE=yes
-# in the environment) a violation fails the test.  With enforce=no it
-# is reported and the test is skipped (77), so that the suite's
-# summary still shows it until the rooms it needs have landed; the
-# test passes once no violation is left, whatever enforce says.
-# Shown able to fail: with PLUG_STRUCTURE_ENFORCE=yes it fails on the
-# tree it was added to (17 violations: each of the four rules); and
-# on a copy (PLUG_STRUCTURE_ROOT) with one more violation of each made
+# Any violation fails the test.
+# Shown able to fail: on the tree before the rooms were built it
+# reported 24 violations (each of the four rules); and on a copy (PLUG_STRUCTURE_ROOT) with one more violation of each made
 # on purpose (a plugin/backend-null.c including conn.h, iopool.c
 # calling conn_leave, conn.c reading cfg.mode, conn.c padded to 993
 # lines) it reported exactly those four more.
 source ./functions.sh
 set -e
 
-enforce=${PLUG_STRUCTURE_ENFORCE:-no}
 
 # PLUG_STRUCTURE_ROOT: check another tree (a copy with a violation made
 # on purpose) instead of this one.
@@ -128,13 +122,8 @@ PYEOF
 
 case $rc in
   0) exit 0 ;;
-  1) if [ "$enforce" = yes ]; then
-       echo "$0: FAIL: the violations above"
-       exit 1
-     fi
-     echo "$0: SKIP: the violations above are not enforced yet" \
-          "(PLUG_STRUCTURE_ENFORCE=yes or enforce=yes to enforce)"
-     exit 77 ;;
+  1) echo "$0: FAIL: the violations above"
+     exit 1 ;;
   *) echo "$0: the check itself failed ($rc)"
      exit 1 ;;
 esac
