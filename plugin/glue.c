@@ -27,7 +27,10 @@
 #include "request.h"
 
 pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
-struct engine *eng;
+/* The engine, borrowed from the entry (glue_init) until .unload.
+ * Protected by eng_lock.
+ */
+static struct engine *eng;
 
 /* The backing files, borrowed from the entry (glue_init): read-only
  * until .unload.

@@ -43,11 +43,6 @@
 #include "engine.h"
 
 extern pthread_mutex_t eng_lock;
-/* The engine, borrowed from the entry (glue_init) until .unload.
- * Protected by eng_lock.  Read here and by loop.c, which still reads
- * it instead of receiving it at start.
- */
-extern struct engine *eng;
 
 struct backing;
 
@@ -137,10 +132,12 @@ extern backend_lost_fn glue_record_lost;
 /* Wait for w (EINTR-safe); returns w->err. */
 extern int glue_wait (struct waiter *w);
 
-/* The timer thread (loop.c).  Start after the fork; stop and join at
- * exit.  Returns 0 or -1 after nbdkit_error.
+/* The timer thread (loop.c).  Start after the fork, with the engine it
+ * ticks (borrowed until timer_stop) and how often to rewrite the live
+ * report (0: never); stop and join at exit.  Returns 0 or -1 after
+ * nbdkit_error.
  */
-extern int timer_start (uint64_t live_stats_interval_ns);
+extern int timer_start (struct engine *e, uint64_t live_stats_interval_ns);
 extern void timer_stop (void);
 
 /* A connection opened (+1) or closed (-1): the timer thread rewrites

@@ -41,6 +41,8 @@ static size_t stats_conns;              /* Connections open: the stats
                                          * timer runs while there are. */
 
 /* Set by timer_start before the thread runs; read-only after. */
+static struct engine *eng;              /* Borrowed from the entry;
+                                         * used under eng_lock. */
 static uint64_t stats_interval_ns;      /* 0: no live reports. */
 
 /* Loop thread only. */
@@ -165,8 +167,9 @@ timer_cb (struct ev_loop *l, ev_timer *w, int revents)
 }
 
 int
-timer_start (uint64_t live_stats_interval_ns)
+timer_start (struct engine *e, uint64_t live_stats_interval_ns)
 {
+  eng = e;
   stats_interval_ns = live_stats_interval_ns;
   if (evloop_new (&tl, THREAD_NAME_TIMER, kick_cb, NULL) == -1) {
     nbdkit_error ("ev_loop_new failed");

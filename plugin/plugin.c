@@ -83,8 +83,8 @@ static struct plugin_state {
   struct backing *backings;     /* Owned: [nr_backings]. */
   size_t nr_backings;           /* Opened so far (all of them once
                                  * .get_ready succeeded). */
-  struct engine *eng;           /* Owned; glue.c and conn.c borrow it.
-                                 * Freed under eng_lock. */
+  struct engine *eng;           /* Owned; glue.c, conn.c and loop.c
+                                 * borrow it.  Freed under eng_lock. */
 } plug;
 
 uint64_t
@@ -421,7 +421,7 @@ plugin_after_fork (void)
   uint64_t live_ns = plug.cfg.statsfile ? plug.cfg.stats_interval_ns : 0;
 
   if (iopool_start (plug.cfg.io_threads) == -1 ||
-      timer_start (live_ns) == -1 || rescue_start () == -1)
+      timer_start (plug.eng, live_ns) == -1 || rescue_start () == -1)
     return -1;
   for (i = 0; i < plug.nr_backings; ++i)
     if (plug.backings[i].remote &&
