@@ -64,7 +64,7 @@ log_error_every (struct ratelimit *rl, pthread_mutex_t *lock,
 {
   int err = errno;
   uint64_t suppressed;
-  char buf[512], *heap = NULL;
+  char buf[512], more[RATELIMIT_MORE_LEN], *heap = NULL;
   const char *msg;
   va_list ap;
 
@@ -75,11 +75,7 @@ log_error_every (struct ratelimit *rl, pthread_mutex_t *lock,
   va_start (ap, fmt);
   msg = format (buf, sizeof buf, &heap, err, fmt, ap);
   va_end (ap);
-  if (suppressed > 0)
-    nbdkit_error ("%s (and %" PRIu64 " more since the last message)",
-                  msg, suppressed);
-  else
-    nbdkit_error ("%s", msg);
+  nbdkit_error ("%s%s", msg, ratelimit_more (more, sizeof more, suppressed));
   free (heap);
   errno = err;
   return true;

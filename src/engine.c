@@ -76,19 +76,16 @@ log_run (struct engine *e, const struct eng_run *r, const char *what,
          int err, uint64_t now)
 {
   struct eng_file *f = &e->files[r->run->backing];
-  char name[32], more[64] = "";
+  char name[32], more[RATELIMIT_MORE_LEN];
   uint64_t suppressed;
 
   if (!ratelimit_allow (&f->log, now, &suppressed))
     return;
-  if (suppressed > 0)
-    snprintf (more, sizeof more, " (and %" PRIu64 " more since the last "
-              "message)", suppressed);
   eng_log (e, 0, "file=%s: %s of %" PRIu64 " bytes at offset %" PRIu64
            ": %s: %s%s",
            file_name (e, r->run->backing, name, sizeof name),
            op_name (r->run->op), r->run->count, r->run->offset, what,
-           strerror (err), more);
+           strerror (err), ratelimit_more (more, sizeof more, suppressed));
 }
 
 void

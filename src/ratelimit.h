@@ -12,8 +12,10 @@
 #ifndef NBDPLUG_RATELIMIT_H
 #define NBDPLUG_RATELIMIT_H
 
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* One line per second. */
 #define RATELIMIT_INTERVAL_NS 1000000000ULL
@@ -46,6 +48,21 @@ static inline bool
 ratelimit_allow (struct ratelimit *rl, uint64_t now, uint64_t *suppressed)
 {
   return ratelimit_allow_every (rl, now, RATELIMIT_INTERVAL_NS, suppressed);
+}
+
+/* The tail every rate-limited message ends with, so that they all read
+ * the same: " (and N more since the last message)" into buf, or ""
+ * when none was dropped.  Returns buf.
+ */
+#define RATELIMIT_MORE_LEN 64
+static inline const char *
+ratelimit_more (char *buf, size_t len, uint64_t suppressed)
+{
+  buf[0] = '\0';
+  if (suppressed > 0)
+    snprintf (buf, len, " (and %" PRIu64 " more since the last message)",
+              suppressed);
+  return buf;
 }
 
 #endif /* NBDPLUG_RATELIMIT_H */
