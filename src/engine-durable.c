@@ -85,6 +85,64 @@ span_add (span_vector *v, struct span sp)
   return true;
 }
 
+static int
+span_cmp_start (const void *a, const void *b)
+{
+  const struct span *x = a, *y = b;
+
+  return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* Sort v by start and merge the spans that touch, whatever their
+ * sequence numbers (a heal set's rule, heal_add).
+ */
+static void
+heal_coalesce (span_vector *v)
+{
+  size_t i, n = 0;
+
+  qsort (v->ptr, v->len, sizeof v->ptr[0], span_cmp_start);
+  for (i = 0; i < v->len; ++i) {
+    struct span *last = n ? &v->ptr[n - 1] : NULL;
+
+    if (last && spans_touch (last, v->ptr[i].start, v->ptr[i].end)) {
+      last->end = MAX (last->end, v->ptr[i].end);
+      last->seq_lo = MIN (last->seq_lo, v->ptr[i].seq_lo);
+      last->seq_hi = MAX (last->seq_hi, v->ptr[i].seq_hi);
+    }
+    else
+      v->ptr[n++] = v->ptr[i];
+  }
+  v->len = n;
+}
+
+/* Add sp, a rewrite over a recorded loss, to a heal set.  When the
+ * set is full, spans that touch are first merged whatever their
+ * sequence numbers (heal_coalesce): the union of rewrites is exactly the
+ * bytes they wrote, and it heals with its oldest member's number
+ * (seq_lo, sync_healed), which each member is at least, so it heals no
+ * loss that one of them could not; a loss newer than some members and
+ * older than others then stays until a later rewrite (over-reported,
+ * never under: counted as widened).  So a range rewritten in many small
+ * writes, as a kernel writes pages, keeps healing; only SPAN_CAP
+ * disjoint rewrites widen the set to a hull, which heals nothing.
+ * Returns true if precision was lost.
+ */
+static bool
+heal_add (span_vector *v, struct span sp)
+{
+  size_t before = v->len;
+
+  if (before + 1 == SPAN_CAP && v->ptr[0].extent == SPAN_EXACT) {
+    heal_coalesce (v);
+    if (v->len < before) {
+      span_add (v, sp);         /* Room now: cannot widen. */
+      return true;
+    }
+  }
+  return span_add (v, sp);
+}
+
 /* Take [start, end) out of every span of v older than seq (seq_hi <
  * seq): a newer mutation there succeeded.  A span cut in two needs one
  * more entry; at SPAN_CAP it stays whole (over-reports, never under):
@@ -411,7 +469,8 @@ sync_failed (struct engine *e, uint32_t b, int err, uint64_t now)
 /* A sync succeeded: what it covered is on stable storage, and the
  * rewrites among it heal the losses they overwrote.  Only then: a FLUSH
  * that covers a lost write, and not its rewrite, may succeed only if
- * the rewrite, newer, is on the disk in its place.  A widened span
+ * the rewrite, newer, is on the disk in its place.  A span heals with
+ * its oldest member's number (heal_add merges rewrites); a widened span
  * heals nothing (it names more than was written).
  */
 static void
@@ -422,7 +481,7 @@ sync_healed (struct engine *e, uint32_t b)
 
   for (i = 0; i < v->len && e->files[b].lost.len > 0; ++i)
     if (v->ptr[i].extent == SPAN_EXACT)
-      record_heal (e, b, v->ptr[i].start, v->ptr[i].end, v->ptr[i].seq_hi);
+      record_heal (e, b, v->ptr[i].start, v->ptr[i].end, v->ptr[i].seq_lo);
 }
 
 void
@@ -538,7 +597,7 @@ note_written (struct engine *e, const struct eng_run *r)
     if (span_add (&f->written, sp))
       e->widened++;
     if (f->lost.len > 0 && overlaps_lost (f, sp.start, sp.end) &&
-        span_add (&f->heals, sp))
+        heal_add (&f->heals, sp))
       e->widened++;
   }
 }

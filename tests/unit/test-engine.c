@@ -2078,6 +2078,79 @@ test_heal_among_many_writes (void)
   free_all ();
 }
 
+/* A loss rewritten in more pieces than the heal set keeps entries
+ * (SPAN_CAP), as a kernel rewrites a range in 4 KiB pages, heals: the
+ * rewrites of one range are one span however many mutations made it.
+ * In order (contiguous, one run) and by four writers whose pages
+ * interleave, then FLUSHed.  A rewrite that overlaps a loss newer than
+ * some of the rewrites' members heals nothing of that newer loss.
+ */
+static void
+test_heal_many_pieces (void)
+{
+  struct eng_conn *c;
+  struct req *f;
+  unsigned i, pass;
+
+  for (pass = 0; pass < 2; ++pass) {
+    e = make (ENG_WRITEBACK, 4096, 64 << 20, 1);
+    c = conn ();
+    submit (c, mkreq (ENG_WRITE, 0, 0, 4 << 20, 0));
+    f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+    complete_all (EIO);
+    ok (f->res.err == EIO, "4 MiB lost");
+    for (i = 0; i < 1024; ++i) {
+      /* Pass 1: four writers, each rewriting its quarter in order,
+       * their pages interleaved (as several connections would).
+       */
+      unsigned page = pass == 0 ? i : (i % 4) * 256 + i / 4;
+
+      submit (c, mkreq (ENG_WRITE, 0, (uint64_t) page * 4096, 4096, 0));
+      if (pass == 1 && i % 64 == 63)
+        tick (10001 * MS);              /* idle=: several runs. */
+      complete_all (0);
+    }
+    f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+    complete_all (0);
+    ok (f->res.answered && f->res.err == 0,
+        pass == 0 ? "rewritten in 1024 pages in order: the FLUSH succeeds"
+                  : "rewritten in 1024 pages by four interleaved writers: "
+                    "the FLUSH succeeds");
+    close_conn (c, 0);
+    engine_free (e);
+    free_all ();
+  }
+
+  /* A (seq 1, lost), then B rewrites [0, 4K) (heal candidate, seq 3),
+   * C at [4K, 8K) lost after (seq 4, and its loss is recorded), then D
+   * rewrites [4K, 8K)... only D heals C; B, older than C's loss, must
+   * not heal it even when B and D touch.
+   */
+  e = make (ENG_WRITEBACK, 64, 4 << 20, 1);
+  c = conn ();
+  submit (c, mkreq (ENG_WRITE, 0, 0, 8192, 0));                 /* A */
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (EIO);
+  ok (f->res.err == EIO, "A lost");
+  submit (c, mkreq (ENG_WRITE, 0, 0, 4096, 0));                 /* B */
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (0);
+  ok (f->res.err == EIO, "B heals A's first half only: A's second half "
+      "is still lost");
+  submit (c, mkreq (ENG_WRITE, 0, 4096, 4096, 0));              /* C */
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (EIO);
+  ok (f->res.err == EIO, "C lost too");
+  submit (c, mkreq (ENG_WRITE, 0, 4096, 4096, 0));              /* D */
+  f = submit (c, mkreq (ENG_FLUSH, 0, 0, 0, 0));
+  complete_all (0);
+  ok (f->res.answered && f->res.err == 0, "D heals C (and what was left "
+      "of A there)");
+  close_conn (c, 0);
+  engine_free (e);
+  free_all ();
+}
+
 /* A stretch of "not now" that ends in a real error ends the clock too. */
 static void
 test_retry_clock_after_error (void)
@@ -2158,6 +2231,7 @@ main (void)
   test_retry_clock_restarts ();
   test_lost_rewrite_heals_nothing ();
   test_heal_among_many_writes ();
+  test_heal_many_pieces ();
   test_retry_clock_after_error ();
   ok (order_violations == 0, "no test saw a run issued over an "
       "overlapping run in flight (%u)", order_violations);
