@@ -37,11 +37,38 @@ static struct engine *eng;
  */
 static struct backing *backings;
 
-void
-glue_init (struct engine *e, struct backing *b)
+/* A run or a sync that another thread carries out: the pool (job), or
+ * an asynchronous backend (br).  Owned by the glue: a run's is made
+ * when it is handed over and freed when it comes back; a sync's is
+ * one per backing file (sync_jobs), made at start.
+ */
+struct glue_job {
+  struct pool_job job;
+  struct backend_run br;        /* A run's, for its backend. */
+  struct eng_run *run;          /* Owned by the engine: a run, */
+  struct eng_sync *sync;        /* or a sync. */
+};
+
+/* One sync job per backing file: the engine has at most one sync of a
+ * file in flight (SYNC_INFLIGHT), so a file's job is free again once
+ * its sync came back.  Made at start because a sync must not wait for
+ * memory in a thread that may not block: a remote's loop thread that
+ * carried out its own FLUSH would wait for itself.  Owned; freed by
+ * glue_fini_locked.
+ */
+static struct glue_job *sync_jobs;
+
+int
+glue_init (struct engine *e, struct backing *b, size_t nr_backings)
 {
+  sync_jobs = calloc (nr_backings, sizeof *sync_jobs);
+  if (sync_jobs == NULL) {
+    nbdkit_error ("calloc: %m");
+    return -1;
+  }
   eng = e;
   backings = b;
+  return 0;
 }
 
 void
@@ -49,6 +76,8 @@ glue_fini_locked (void)
 {
   eng = NULL;
   backings = NULL;
+  free (sync_jobs);
+  sync_jobs = NULL;
 }
 
 /* Futex words of the waiter groups: static, so that a waker may touch
@@ -224,17 +253,6 @@ sync_done_into (struct glue_actions *a, struct eng_sync *s, int err)
   pthread_mutex_unlock (&eng_lock);
 }
 
-/* A run or a sync that another thread carries out: the pool (job), or
- * an asynchronous backend (br).  Owned by the glue: made when handed
- * over, freed when it comes back.
- */
-struct glue_job {
-  struct pool_job job;
-  struct backend_run br;        /* A run's, for its backend. */
-  struct eng_run *run;          /* Owned by the engine: a run, */
-  struct eng_sync *sync;        /* or a sync. */
-};
-
 static void glue_issue (struct eng_run *r, uint32_t inline_runs);
 static void glue_sync (struct eng_sync *s, uint32_t inline_runs);
 
@@ -246,20 +264,25 @@ glue_job_run (struct pool_job *job)
   struct eng_run *r = j->run;
   struct eng_sync *s = j->sync;
 
-  free (j);
+  /* j is not touched again: a sync's job is reused as soon as its sync
+   * is done, which glue_sync reports.
+   */
   if (s != NULL)
     glue_sync (s, GLUE_INLINE_ALL);
-  else
+  else {
+    free (j);
     glue_issue (r, GLUE_INLINE_ALL);
+  }
 }
 
 /* Hand a run or a sync to the pool.  False if the pool is not running
- * (or there is no memory for the job): the caller does it itself.
+ * (or, for a run, there is no memory for its job): the caller does it
+ * itself.
  */
 static bool
 pool_submit (struct eng_run *r, struct eng_sync *s)
 {
-  struct glue_job *j = malloc (sizeof *j);
+  struct glue_job *j = s ? &sync_jobs[s->backing] : malloc (sizeof *j);
 
   if (j == NULL)
     return false;
@@ -268,7 +291,8 @@ pool_submit (struct eng_run *r, struct eng_sync *s)
   j->sync = s;
   if (iopool_submit (&j->job, s ? POOL_URGENT : POOL_NORMAL))
     return true;
-  free (j);
+  if (s == NULL)
+    free (j);
   return false;
 }
 

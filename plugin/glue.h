@@ -47,10 +47,12 @@ extern pthread_mutex_t eng_lock;
 struct backing;
 
 /* The engine whose actions glue carries out and the backing files of
- * its runs and syncs ([the engine's nr_backings]), borrowed from the
- * entry (.get_ready) until glue_fini_locked (.unload, eng_lock held).
+ * its runs and syncs ([nr_backings]), borrowed from the entry
+ * (.get_ready) until glue_fini_locked (.unload, eng_lock held).
+ * Returns 0, or -1 after nbdkit_error (no memory).
  */
-extern void glue_init (struct engine *e, struct backing *backings);
+extern int glue_init (struct engine *e, struct backing *backings,
+                      size_t nr_backings);
 extern void glue_fini_locked (void);
 
 /* A worker waiting for its request's answer: lives on its stack until

@@ -392,7 +392,8 @@ plugin_get_ready (void)
       make_engine () == -1)
     return -1;
   /* Each room gets what it needs of the handle. */
-  glue_init (plug.eng, plug.backings);
+  if (glue_init (plug.eng, plug.backings, plug.nr_backings) == -1)
+    return -1;
   statsfile_init (&(struct statsfile_setup) {
       .path = plug.cfg.statsfile,
       .mode = plug.cfg.mode,
