@@ -40,9 +40,8 @@
  * nbdkit's default worker count, what one connection of such a server
  * serves at once.  Filling connections in turn instead of spreading
  * every command keeps light traffic on one: each connection costs the
- * server its own wake-ups.  Measured (bench/README.md, 2026-12-05),
- * 4 KiB random writes at queue depth 16 to a fast local nbdkit cost it
- * 36 us of CPU per write spread over four connections, 23 us on one.
+ * server its own wake-ups (bench/remote.sh's remote-connections=
+ * tuning runs measure it).
  */
 #define CONN_FILL 16
 

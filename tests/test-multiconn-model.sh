@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Copyright the nbdplug authors (see LICENSE).
 
-# The model test across connections (issue 9): 4 and 8 connections,
+# The model test across connections (multi-conn): 4 and 8 connections,
 # writeback and hold, concat and stripe layouts, with --cross-reads (half
 # of the reads target other connections' chunks, checked whenever the
 # owner had no mutation in flight there during the read, so a read on

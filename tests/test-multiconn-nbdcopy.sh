@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Copyright the nbdplug authors (see LICENSE).
 
-# nbdcopy with its default multi-conn (issue 9): a 256 MiB random image
+# nbdcopy with its default multi-conn: a 256 MiB random image
 # copied into an export served by the plug and out again, byte-identical,
 # in both modes; the statsfile shows that the copy in used 4 connections.
 #

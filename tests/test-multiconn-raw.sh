@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Copyright the nbdplug authors (see LICENSE).
 
-# Multi-conn coherence without FLUSH, two connections at a time
-# (issue 9): connection A's write is acknowledged, and connection B's
+# Multi-conn coherence without FLUSH, two connections at a time:
+# connection A's write is acknowledged, and connection B's
 # read of the same range, sent at once, sees A's data.  And a client
 # that writes and disconnects without FLUSH: a new connection that reads
 # the range at once sees the data.

@@ -4,7 +4,7 @@
 
 # test-vm-nbd-multiconn.sh - the Linux kernel NBD client with 4
 # connections per device ("nbd-client -C 4") against the plug in its
-# default mode (writeback), in a guest (issue 9).
+# default mode (writeback), in a guest.
 #
 # One guest boot (TCG qemu, see vm/vm-lib.sh) with 4 vCPUs (blk-mq maps
 # each CPU to one hardware queue and nbd each hardware queue to one

@@ -36,7 +36,7 @@ garbage after a request, no short payload, no write too large to
 skip; every connection that reached transmission ends with
 NBD_CMD_DISC and reads until nbdkit closes it, 10 s at most): nbdkit
 1.32.4 and 1.32.5 can abort then, in raw_send_socket (`sock >= 0`), a
-race of their own (issue 33; man page, "Clients that close without
+race of their own (man page, "Clients that close without
 reading").  Bytes before the first request (garbage, mutated options)
 and mutated fields of whole requests stay.
 
