@@ -31,6 +31,16 @@ spans_touch (const struct span *a, uint64_t start, uint64_t end)
   return a->start <= end && start <= a->end;
 }
 
+/* Grow a to cover sp: its bytes and its sequence numbers. */
+static void
+span_absorb (struct span *a, const struct span *sp)
+{
+  a->start = MIN (a->start, sp->start);
+  a->end = MAX (a->end, sp->end);
+  a->seq_lo = MIN (a->seq_lo, sp->seq_lo);
+  a->seq_hi = MAX (a->seq_hi, sp->seq_hi);
+}
+
 /* One span covering every span of v (and nothing else is kept). */
 static void
 span_hull (span_vector *v)
@@ -38,12 +48,8 @@ span_hull (span_vector *v)
   struct span h = v->ptr[0];
   size_t i;
 
-  for (i = 1; i < v->len; ++i) {
-    h.start = MIN (h.start, v->ptr[i].start);
-    h.end = MAX (h.end, v->ptr[i].end);
-    h.seq_lo = MIN (h.seq_lo, v->ptr[i].seq_lo);
-    h.seq_hi = MAX (h.seq_hi, v->ptr[i].seq_hi);
-  }
+  for (i = 1; i < v->len; ++i)
+    span_absorb (&h, &v->ptr[i]);
   h.extent = SPAN_WIDENED;
   v->ptr[0] = h;
   v->len = 1;
@@ -64,10 +70,7 @@ span_add (span_vector *v, struct span sp)
     /* Past the cap already: the hull grows in place, O(1), instead of
      * filling the vector to be folded again.
      */
-    last->start = MIN (last->start, sp.start);
-    last->end = MAX (last->end, sp.end);
-    last->seq_lo = MIN (last->seq_lo, sp.seq_lo);
-    last->seq_hi = MAX (last->seq_hi, sp.seq_hi);
+    span_absorb (last, &sp);
     return false;
   }
   if (last && spans_touch (last, sp.start, sp.end) &&
@@ -105,11 +108,8 @@ heal_coalesce (span_vector *v)
   for (i = 0; i < v->len; ++i) {
     struct span *last = n ? &v->ptr[n - 1] : NULL;
 
-    if (last && spans_touch (last, v->ptr[i].start, v->ptr[i].end)) {
-      last->end = MAX (last->end, v->ptr[i].end);
-      last->seq_lo = MIN (last->seq_lo, v->ptr[i].seq_lo);
-      last->seq_hi = MAX (last->seq_hi, v->ptr[i].seq_hi);
-    }
+    if (last && spans_touch (last, v->ptr[i].start, v->ptr[i].end))
+      span_absorb (last, &v->ptr[i]);
     else
       v->ptr[n++] = v->ptr[i];
   }
